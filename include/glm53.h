@@ -1,0 +1,52 @@
+/* glm53 public C API: load a model, open sessions, run the forward.
+ *
+ * Errors: functions return NULL or a negative value and leave one clear
+ * message in glm53_last_error() (thread-local).
+ *
+ * Threading: a model is read-only after load and may be shared by many
+ * sessions; a session is used by one thread at a time. */
+#ifndef GLM53_H
+#define GLM53_H
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct glm53_model glm53_model;
+typedef struct glm53_session glm53_session;
+
+typedef struct {
+  const char *backend;   /* "auto" | "cpu" | "gpu"; NULL = $GLM53_BACKEND or "auto" */
+  int n_threads;         /* 0 = all cores (OpenMP default) */
+} glm53_load_opts;
+
+/* Load a Hugging Face checkpoint directory (config.json + *.safetensors) or a
+ * converted .g53 model. */
+glm53_model *glm53_model_load(const char *path, const glm53_load_opts *opts);
+void glm53_model_free(glm53_model *m);
+int glm53_model_vocab_size(const glm53_model *m);
+/* Directory holding tokenizer.json / chat_template.jinja, or NULL. */
+const char *glm53_model_dir(const glm53_model *m);
+
+/* A session holds the per-sequence caches (KDA conv + recurrent state, MLA
+ * latent cache, indexer pooled keys). max_ctx bounds the tokens it may hold. */
+glm53_session *glm53_session_new(glm53_model *m, int max_ctx);
+void glm53_session_free(glm53_session *s);
+void glm53_session_reset(glm53_session *s);
+int glm53_session_pos(const glm53_session *s);      /* tokens consumed so far */
+int glm53_session_max_ctx(const glm53_session *s);
+
+/* Feed n tokens (a prefill chunk, or one decode token) after the session's
+ * current position. logits: NULL (no output), or room for n*vocab floats
+ * (all_rows != 0) or vocab floats (last row only). Returns 0 or -1; on error
+ * the session is unchanged (a prompt longer than the context is refused). */
+int glm53_forward(glm53_session *s, const int32_t *tokens, int n, float *logits, int all_rows);
+
+const char *glm53_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

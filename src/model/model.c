@@ -1,0 +1,146 @@
+/* Model loading and session lifetime (public API in include/glm53.h). */
+#include "model/model.h"
+#include "model/session.h"
+#include "core/err.h"
+#include "core/log.h"
+#include "core/util.h"
+#include "format/safetensors.h"
+#include <stdlib.h>
+#include <sys/stat.h>
+
+/* Limits the reference forward relies on, beyond glm53_config_validate. */
+static int check_supported(const glm53_config *c) {
+  if (c->hc_mult > GLM53_MAX_HC) return glm53_err("config: hc_mult %d above the supported %d", c->hc_mult, GLM53_MAX_HC);
+  if (c->index_kpool > 64) return glm53_err("config: index_kpool %d above the supported 64", c->index_kpool);
+  int seen_full = 0;
+  for (int l = 0; l < c->num_hidden_layers; l++) {
+    if (c->layer_types[l] != ATTN_MLA) continue;
+    if (c->indexer_types[l] == INDEX_FULL) seen_full = 1;
+    else if (!seen_full) return glm53_err("config: DSA layer %d is \"shared\" but no earlier layer runs a full indexer", l);
+  }
+  return 0;
+}
+
+glm53_model *glm53_model_load(const char *path, const glm53_load_opts *opts) {
+  (void)opts;
+  struct stat sb;
+  if (stat(path, &sb) != 0) { glm53_err("model path %s does not exist", path); return NULL; }
+  if (!S_ISDIR(sb.st_mode)) { glm53_err("model path %s: expected a checkpoint directory", path); return NULL; }
+  glm53_model *m = xcalloc(1, sizeof *m);
+  m->dir = xstrdup(path);
+  double t0 = now_sec();
+  if (glm53_config_load_dir(path, &m->cfg) || glm53_config_validate(&m->cfg) || check_supported(&m->cfg) ||
+      model_bind_safetensors(m, path)) {
+    glm53_err_ctx("%s", path);
+    glm53_model_free(m);
+    return NULL;
+  }
+  const glm53_config *c = &m->cfg;
+  int nkda = 0;
+  for (int l = 0; l < c->num_hidden_layers; l++) nkda += c->layer_types[l] == ATTN_KDA;
+  LOG_INFO("loaded %s: %d layers (%d KDA, %d MLA), hidden %d, vocab %d, %d experts top-%d; %.1f MB fp32 weights in %.2f s (reference CPU backend)",
+           path, c->num_hidden_layers, nkda, c->num_hidden_layers - nkda, c->hidden_size, c->vocab_size, c->n_routed_experts,
+           c->num_experts_per_tok, m->weight_bytes / 1e6, now_sec() - t0);
+  return m;
+}
+
+static void free_mlp(mlp_weights *w) {
+  wmat_free(&w->gate);
+  wmat_free(&w->up);
+  wmat_free(&w->down);
+}
+
+void model_free_weights(glm53_model *m) {
+  const glm53_config *c = &m->cfg;
+  wmat_free(&m->embed);
+  wmat_free(&m->lm_head);
+  free(m->final_norm);
+  if (m->layers) {
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+      layer_weights *L = &m->layers[l];
+      free(L->input_norm); free(L->post_attn_norm);
+      mhc_weights *hs[2] = {&L->hc_attn, &L->hc_ffn};
+      for (int i = 0; i < 2; i++) { free(hs[i]->fn); free(hs[i]->base); free(hs[i]->scale); }
+      kda_weights *k = &L->kda;
+      wmat *km[] = {&k->q_proj, &k->k_proj, &k->v_proj, &k->f_a, &k->f_b, &k->b_proj, &k->g_a, &k->g_b, &k->o_proj};
+      for (size_t i = 0; i < sizeof km / sizeof *km; i++) wmat_free(km[i]);
+      free(k->conv); free(k->dt_bias); free(k->A_log); free(k->o_norm);
+      mla_weights *a = &L->mla;
+      wmat *am[] = {&a->q_a, &a->q_b, &a->kv_a, &a->kv_b, &a->o_proj, &a->idx.wq_b, &a->idx.wk, &a->idx.weights_proj, &a->idx.gate};
+      for (size_t i = 0; i < sizeof am / sizeof *am; i++) wmat_free(am[i]);
+      free(a->q_a_norm); free(a->kv_a_norm); free(a->idx.k_norm_w); free(a->idx.k_norm_b); free(a->idx.ape);
+      free_mlp(&L->dense);
+      wmat_free(&L->moe.router);
+      free(L->moe.bias);
+      free_mlp(&L->moe.shared);
+      if (L->moe.experts)
+        for (int e = 0; e < c->n_routed_experts; e++) free_mlp(&L->moe.experts[e]);
+      free(L->moe.experts);
+    }
+  }
+  free(m->layers);
+  m->layers = NULL;
+}
+
+void glm53_model_free(glm53_model *m) {
+  if (!m) return;
+  model_free_weights(m);
+  if (m->st) st_close(m->st);
+  free(m->dir);
+  free(m);
+}
+
+int glm53_model_vocab_size(const glm53_model *m) { return m->cfg.vocab_size; }
+const char *glm53_model_dir(const glm53_model *m) { return m->dir; }
+
+glm53_session *glm53_session_new(glm53_model *m, int max_ctx) {
+  const glm53_config *c = &m->cfg;
+  if (max_ctx <= 0) { glm53_err("session: context length must be positive"); return NULL; }
+  glm53_session *s = xcalloc(1, sizeof *s);
+  s->m = m;
+  s->max_ctx = max_ctx;
+  int L = c->num_hidden_layers;
+  s->kda = xcalloc((size_t)L, sizeof(kda_state));
+  s->mla = xcalloc((size_t)L, sizeof(mla_state));
+  size_t inner = (size_t)c->linear_num_heads * c->linear_head_dim, hd = c->index_head_dim;
+  for (int l = 0; l < L; l++) {
+    if (c->layer_types[l] == ATTN_KDA) {
+      s->kda[l].conv = xcalloc((size_t)(c->linear_conv_kernel_dim - 1) * 3 * inner + 1, sizeof(float));
+      s->kda[l].S = xcalloc(inner * c->linear_head_dim, sizeof(float));
+    } else {
+      s->mla[l].latent = xcalloc((size_t)max_ctx * c->kv_lora_rank, sizeof(float));
+      if (c->indexer_types[l] == INDEX_FULL) {
+        s->mla[l].ik = xcalloc((size_t)max_ctx * hd, sizeof(float));
+        s->mla[l].is = xcalloc((size_t)max_ctx * hd, sizeof(float));
+        s->mla[l].pool = xcalloc((size_t)(max_ctx / c->index_kpool + 1) * hd, sizeof(float));
+      }
+    }
+  }
+  return s;
+}
+
+void glm53_session_reset(glm53_session *s) {
+  const glm53_config *c = &s->m->cfg;
+  size_t inner = (size_t)c->linear_num_heads * c->linear_head_dim;
+  for (int l = 0; l < c->num_hidden_layers; l++)
+    if (s->kda[l].S) {
+      memset(s->kda[l].conv, 0, ((size_t)(c->linear_conv_kernel_dim - 1) * 3 * inner + 1) * sizeof(float));
+      memset(s->kda[l].S, 0, inner * c->linear_head_dim * sizeof(float));
+    }
+  /* MLA/indexer caches are overwritten position by position; pos bounds reads */
+  s->pos = 0;
+}
+
+void glm53_session_free(glm53_session *s) {
+  if (!s) return;
+  for (int l = 0; l < s->m->cfg.num_hidden_layers; l++) {
+    free(s->kda[l].conv); free(s->kda[l].S);
+    free(s->mla[l].latent); free(s->mla[l].ik); free(s->mla[l].is); free(s->mla[l].pool);
+  }
+  free(s->kda);
+  free(s->mla);
+  free(s);
+}
+
+int glm53_session_pos(const glm53_session *s) { return s->pos; }
+int glm53_session_max_ctx(const glm53_session *s) { return s->max_ctx; }

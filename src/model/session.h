@@ -1,0 +1,30 @@
+/* Per-sequence state, so that decode continues a prefill exactly:
+ *  KDA layers: the last K-1 pre-conv inputs and the fp32 recurrent state S;
+ *  MLA layers: the normalised kv latent of every token (absorbed MLA caches
+ *  only this), and for layers with their own indexer the per-token indexer
+ *  key and pool-gate logits plus the pooled keys of every complete pool. */
+#ifndef GLM53_MODEL_SESSION_H
+#define GLM53_MODEL_SESSION_H
+#include "model/model.h"
+
+typedef struct {
+  float *conv; /* [K-1][3*inner], oldest first */
+  float *S;    /* [H][dk][dv] */
+} kda_state;
+
+typedef struct {
+  float *latent; /* [max_ctx][kv_lora] */
+  float *ik;     /* [max_ctx][ihd]  indexer keys (after LayerNorm) */
+  float *is;     /* [max_ctx][ihd]  pool-gate logits */
+  float *pool;   /* [max_ctx/kpool][ihd] pooled keys */
+} mla_state;
+
+struct glm53_session {
+  glm53_model *m;
+  int max_ctx;
+  int pos;
+  kda_state *kda; /* by layer (unused entries zero) */
+  mla_state *mla;
+};
+
+#endif
