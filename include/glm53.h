@@ -44,6 +44,13 @@ int glm53_session_max_ctx(const glm53_session *s);
  * the session is unchanged (a prompt longer than the context is refused). */
 int glm53_forward(glm53_session *s, const int32_t *tokens, int n, float *logits, int all_rows);
 
+/* Backend in use ("cpu" or "gpu"). */
+const char *glm53_model_backend(const glm53_model *m);
+const char *glm53_session_backend(const glm53_session *s);
+/* Rebuild the session's state on the CPU backend from its token history and
+ * continue there (used after a GPU error with --on-gpu-error=cpu). */
+int glm53_session_fallback_cpu(glm53_session *s);
+
 const char *glm53_last_error(void);
 
 #ifdef __cplusplus

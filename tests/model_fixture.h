@@ -3,6 +3,7 @@
 #ifndef GLM53_TEST_MODEL_FIXTURE_H
 #define GLM53_TEST_MODEL_FIXTURE_H
 #include "model/model.h"
+#include "model/backend.h"
 #include "core/util.h"
 #include "test_util.h"
 
@@ -47,6 +48,7 @@ static glm53_model *fx_model(const glm53_config *c, uint64_t seed) {
   glm53_model *m = xcalloc(1, sizeof *m);
   m->cfg = *c;
   m->dir = xstrdup("(in-memory test model)");
+  m->backend = glm53_cpu_backend();
   int D = c->hidden_size, hc = c->hc_mult, mix = (2 + hc) * hc;
   fx_mat(&r, &m->embed, c->vocab_size, D, 1.0);
   fx_mat(&r, &m->lm_head, c->vocab_size, D, 1 / sqrt(D));

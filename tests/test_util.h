@@ -14,7 +14,7 @@ static int t_pass, t_fail;
     else {                                                                \
       t_fail++;                                                           \
       fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);     \
-      fprintf(stderr, "" __VA_ARGS__);                                    \
+      fprintf(stderr, " " __VA_ARGS__);                                   \
       fputc('\n', stderr);                                                \
     }                                                                     \
   } while (0)

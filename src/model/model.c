@@ -1,5 +1,6 @@
 /* Model loading and session lifetime (public API in include/glm53.h). */
 #include "model/model.h"
+#include "model/backend.h"
 #include "model/session.h"
 #include "core/err.h"
 #include "core/log.h"
@@ -28,9 +29,10 @@ glm53_model *glm53_model_load(const char *path, const glm53_load_opts *opts) {
   if (!S_ISDIR(sb.st_mode)) { glm53_err("model path %s: expected a checkpoint directory", path); return NULL; }
   glm53_model *m = xcalloc(1, sizeof *m);
   m->dir = xstrdup(path);
+  m->backend = glm53_cpu_backend();
   double t0 = now_sec();
   if (glm53_config_load_dir(path, &m->cfg) || glm53_config_validate(&m->cfg) || check_supported(&m->cfg) ||
-      model_bind_safetensors(m, path)) {
+      model_bind_safetensors(m, path) || glm53_backend_select(m, opts ? opts->backend : NULL)) {
     glm53_err_ctx("%s", path);
     glm53_model_free(m);
     return NULL;
@@ -84,6 +86,7 @@ void model_free_weights(glm53_model *m) {
 
 void glm53_model_free(glm53_model *m) {
   if (!m) return;
+  if (m->backend && m->backend->model_free) m->backend->model_free(m);
   model_free_weights(m);
   if (m->st) st_close(m->st);
   free(m->dir);
@@ -102,6 +105,8 @@ glm53_session *glm53_session_new(glm53_model *m, int max_ctx) {
   int L = c->num_hidden_layers;
   s->kda = xcalloc((size_t)L, sizeof(kda_state));
   s->mla = xcalloc((size_t)L, sizeof(mla_state));
+  s->history = xcalloc((size_t)max_ctx, sizeof(int32_t));
+  s->backend = m->backend;
   size_t inner = (size_t)c->linear_num_heads * c->linear_head_dim, hd = c->index_head_dim;
   for (int l = 0; l < L; l++) {
     if (c->layer_types[l] == ATTN_KDA) {
@@ -116,6 +121,11 @@ glm53_session *glm53_session_new(glm53_model *m, int max_ctx) {
       }
     }
   }
+  if (s->backend->session_init && s->backend->session_init(s)) {
+    s->backend = glm53_cpu_backend(); /* nothing backend-side to free */
+    glm53_session_free(s);
+    return NULL;
+  }
   return s;
 }
 
@@ -129,6 +139,7 @@ void glm53_session_reset(glm53_session *s) {
     }
   /* MLA/indexer caches are overwritten position by position; pos bounds reads */
   s->pos = 0;
+  if (s->backend->session_reset) s->backend->session_reset(s);
 }
 
 void glm53_session_free(glm53_session *s) {
@@ -137,8 +148,10 @@ void glm53_session_free(glm53_session *s) {
     free(s->kda[l].conv); free(s->kda[l].S);
     free(s->mla[l].latent); free(s->mla[l].ik); free(s->mla[l].is); free(s->mla[l].pool);
   }
+  if (s->backend->session_free) s->backend->session_free(s);
   free(s->kda);
   free(s->mla);
+  free(s->history);
   free(s);
 }
 

@@ -69,8 +69,12 @@ typedef struct {
   moe_weights moe;
 } layer_weights;
 
+struct glm53_backend;
+
 struct glm53_model {
   glm53_config cfg;
+  const struct glm53_backend *backend; /* chosen at load (model.c) */
+  void *backend_model;                 /* backend-private (e.g. device weights) */
   char *dir;
   wmat embed;    /* [V][D] */
   float *final_norm;

@@ -21,8 +21,11 @@ typedef struct {
 
 struct glm53_session {
   glm53_model *m;
+  const struct glm53_backend *backend; /* normally m->backend; cpu after a fallback */
+  void *backend_state;                 /* backend-private per-session state */
   int max_ctx;
   int pos;
+  int32_t *history;                    /* [max_ctx] tokens consumed, for CPU fallback */
   kda_state *kda; /* by layer (unused entries zero) */
   mla_state *mla;
 };

@@ -1,0 +1,98 @@
+/* Backend selection, the public forward entry point (validation, history,
+ * dispatch) and the CPU fallback of a session. */
+#include "model/backend.h"
+#include "model/model.h"
+#include "model/session.h"
+#include "core/err.h"
+#include "core/log.h"
+#include "core/util.h"
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+int cpu_forward(glm53_session *s, const int32_t *tokens, int T, float *logits, int all_rows);
+
+static const glm53_backend cpu_backend = {.name = "cpu", .forward = cpu_forward};
+const glm53_backend *glm53_cpu_backend(void) { return &cpu_backend; }
+
+int glm53_fault_should_fail(const char *site) {
+  static atomic_long calls[4];
+  static const char *sites[4] = {"forward", "load", "session", "other"};
+  const char *spec = getenv("GLM53_FAULT");
+  if (!spec || !*spec) return 0;
+  int si = 3;
+  for (int i = 0; i < 3; i++)
+    if (!strcmp(site, sites[i])) si = i;
+  long n = atomic_fetch_add(&calls[si], 1) + 1;
+  /* spec: comma-separated "site:N" (fail the N-th call) or "site:N+" (N-th and later) */
+  size_t sl = strlen(site);
+  for (const char *p = spec; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL) {
+    if (strncmp(p, site, sl) || p[sl] != ':') continue;
+    char *end;
+    long k = strtol(p + sl + 1, &end, 10);
+    if (k > 0 && (n == k || (*end == '+' && n >= k))) return 1;
+  }
+  return 0;
+}
+
+int glm53_backend_select(glm53_model *m, const char *want) {
+  if (!want || !*want) want = getenv("GLM53_BACKEND");
+  if (!want || !*want) want = "auto";
+  if (strcmp(want, "auto") && strcmp(want, "cpu") && strcmp(want, "gpu"))
+    return glm53_err("unknown backend '%s' (expected auto, gpu or cpu)", want);
+  m->backend = &cpu_backend;
+  if (!strcmp(want, "cpu")) {
+    LOG_INFO("backend: cpu (requested)");
+    return 0;
+  }
+#ifdef GLM53_HAVE_GPU
+  const glm53_backend *g = glm53_gpu_backend();
+  if (g->model_init(m) == 0) {
+    m->backend = g;
+    LOG_INFO("backend: gpu");
+    return 0;
+  }
+  if (!strcmp(want, "gpu")) return glm53_err_ctx("backend gpu unavailable");
+  LOG_WARN("backend: cpu (GPU backend unavailable: %s)", glm53_last_error());
+  return 0;
+#else
+  if (!strcmp(want, "gpu")) return glm53_err("backend gpu requested but this build has no GPU support (configure with -DGLM53_CUDA=ON or -DGLM53_HIP=ON)");
+  LOG_INFO("backend: cpu (built without GPU support)");
+  return 0;
+#endif
+}
+
+const char *glm53_model_backend(const glm53_model *m) { return m->backend ? m->backend->name : "none"; }
+const char *glm53_session_backend(const glm53_session *s) { return s->backend->name; }
+
+int glm53_forward(glm53_session *s, const int32_t *tokens, int T, float *logits, int all_rows) {
+  const int V = s->m->cfg.vocab_size;
+  if (T <= 0) return glm53_err("forward: empty token list");
+  if (s->pos + T > s->max_ctx)
+    return glm53_err("prompt too long: %d tokens after %d cached exceed the context of %d", T, s->pos, s->max_ctx);
+  for (int t = 0; t < T; t++)
+    if (tokens[t] < 0 || tokens[t] >= V)
+      return glm53_err("token id %d at position %d is outside the vocabulary (0..%d)", tokens[t], t, V - 1);
+  if (glm53_fault_should_fail("forward"))
+    return glm53_err("%s backend error: injected fault (GLM53_FAULT)", s->backend->name);
+  if (s->backend->forward(s, tokens, T, logits, all_rows)) return -1;
+  memcpy(s->history + s->pos, tokens, (size_t)T * sizeof(int32_t));
+  s->pos += T;
+  return 0;
+}
+
+int glm53_session_fallback_cpu(glm53_session *s) {
+  int n = s->pos;
+  if (s->backend != &cpu_backend && s->backend->session_free) s->backend->session_free(s);
+  s->backend = &cpu_backend;
+  s->backend_state = NULL;
+  glm53_session_reset(s); /* clears the CPU state and pos; history is kept */
+  const int chunk = 256;
+  for (int i = 0; i < n; i += chunk) {
+    int len = n - i < chunk ? n - i : chunk;
+    if (cpu_forward(s, s->history + i, len, NULL, 0)) return glm53_err_ctx("CPU fallback replay");
+    s->pos += len;
+  }
+  LOG_WARN("session moved to the cpu backend (%d tokens of state rebuilt)", n);
+  return 0;
+}
