@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The test command (README, CI): builds twice (optimised, and ASan+UBSan) and
-# runs the whole CTest suite on both.
+# The test command (README, CI): installs dependencies, builds twice
+# (optimised, and ASan+UBSan) and runs the whole CTest suite on both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+./scripts/deps.sh
 JOBS=$(nproc)
 if [ ! -d tests/node/node_modules ]; then
-  (cd tests/node && npm install --no-audit --no-fund --loglevel=error)
+  (cd tests/node && npm ci --no-audit --no-fund --loglevel=error)
 fi
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$JOBS"
