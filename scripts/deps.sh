@@ -2,7 +2,7 @@
 # Installs the Debian packages glm53 builds and tests with (idempotent: does
 # nothing when they are all present). Needs root or sudo.
 set -euo pipefail
-PKGS="build-essential cmake pkg-config libcjson-dev libpcre2-dev libmicrohttpd-dev libxxhash-dev nodejs npm python3"
+PKGS="build-essential cmake pkg-config libcjson-dev libpcre2-dev libmicrohttpd-dev libxxhash-dev libutf8proc-dev nodejs npm python3"
 missing=""
 for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 [ -z "$missing" ] && exit 0
