@@ -4,7 +4,11 @@
  * prefill + token-by-token decode. Cases marked "hf_raw" come from the
  * unmodified transformers indexer, which is not causal-consistent once the
  * context exceeds index_topk (docs/oracle.md): only their rows inside
- * index_topk are asserted; the rest are reported. */
+ * index_topk are asserted; the rest are reported.
+ *
+ * Usage: test_golden                      every model under tests/data/oracle
+ *        test_golden GOLDEN_DIR MODEL_DIR one model whose goldens.json lies in
+ *                                         GOLDEN_DIR (the embedded tiny model) */
 #include "glm53.h"
 #include "model/model.h"
 #include "core/util.h"
@@ -62,7 +66,36 @@ static void run_case(glm53_model *m, const char *dir, const cJSON *cs) {
   free(out); free(gold); free(ids);
 }
 
-int main(void) {
+/* Checks every case of GOLDEN_DIR/goldens.json against the model in model_dir. */
+static int check_model_dir(const char *gdir, const char *model_dir) {
+  char gpath[600];
+  snprintf(gpath, sizeof gpath, "%s/goldens.json", gdir);
+  char *txt = read_file(gpath, NULL);
+  if (!txt) return 0;
+  cJSON *j = cJSON_Parse(txt);
+  free(txt);
+  CHECK(j != NULL, "%s: goldens.json is not JSON", gdir);
+  glm53_load_opts o = {.backend = "cpu"};
+  glm53_model *m = glm53_model_load(model_dir, &o);
+  CHECK(m != NULL, "%s: %s", model_dir, glm53_last_error());
+  int ok = m && j;
+  if (ok) {
+    printf("%s\n", model_dir);
+    const cJSON *cs;
+    cJSON_ArrayForEach(cs, cJSON_GetObjectItem(j, "cases")) run_case(m, gdir, cs);
+  }
+  glm53_model_free(m);
+  cJSON_Delete(j);
+  return ok;
+}
+
+int main(int argc, char **argv) {
+  if (argc == 3) {
+    CHECK(check_model_dir(argv[1], argv[2]), "no goldens or model at %s / %s", argv[1], argv[2]);
+    printf("%d cases\n", n_cases);
+    CHECK(n_cases > 0, "no cases");
+    TEST_DONE();
+  }
   const char *root = "tests/data/oracle";
   DIR *d = opendir(root);
   CHECK(d != NULL, "no golden data at %s (run tools/oracle/make_goldens.py on the GPU machine)", root);
@@ -77,26 +110,10 @@ int main(void) {
     for (int j = i + 1; j < nn; j++) if (strcmp(names[i], names[j]) > 0) { char *t = names[i]; names[i] = names[j]; names[j] = t; }
   int models = 0;
   for (int i = 0; i < nn; i++) {
-    char dir[512], gpath[600];
+    char dir[512];
     snprintf(dir, sizeof dir, "%s/%s", root, names[i]);
-    snprintf(gpath, sizeof gpath, "%s/goldens.json", dir);
-    char *txt = read_file(gpath, NULL);
     free(names[i]);
-    if (!txt) continue;
-    cJSON *j = cJSON_Parse(txt);
-    free(txt);
-    CHECK(j != NULL, "%s: goldens.json is not JSON", dir);
-    glm53_load_opts o = {.backend = "cpu"};
-    glm53_model *m = glm53_model_load(dir, &o);
-    CHECK(m != NULL, "%s: %s", dir, glm53_last_error());
-    if (m && j) {
-      printf("%s\n", dir);
-      const cJSON *cs;
-      cJSON_ArrayForEach(cs, cJSON_GetObjectItem(j, "cases")) run_case(m, dir, cs);
-      models++;
-    }
-    glm53_model_free(m);
-    cJSON_Delete(j);
+    models += check_model_dir(dir, dir);
   }
   CHECK(models >= 5, "expected at least 5 oracle models, found %d", models);
   printf("%d models, %d cases\n", models, n_cases);
