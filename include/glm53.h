@@ -29,6 +29,10 @@ void glm53_model_free(glm53_model *m);
 int glm53_model_vocab_size(const glm53_model *m);
 /* Directory holding tokenizer.json / chat_template.jinja, or NULL. */
 const char *glm53_model_dir(const glm53_model *m);
+/* The model's end-of-sequence token ids (config.json eos_token_id, in file
+ * order). Writes at most cap ids to ids and returns the total count (may be
+ * 0). Implemented in src/model/model_info.c. */
+int glm53_model_eos(const glm53_model *m, int32_t *ids, int cap);
 
 /* A session holds the per-sequence caches (KDA conv + recurrent state, MLA
  * latent cache, indexer pooled keys). max_ctx bounds the tokens it may hold. */
@@ -37,6 +41,8 @@ void glm53_session_free(glm53_session *s);
 void glm53_session_reset(glm53_session *s);
 int glm53_session_pos(const glm53_session *s);      /* tokens consumed so far */
 int glm53_session_max_ctx(const glm53_session *s);
+/* The model the session was opened on (model_info.c). */
+glm53_model *glm53_session_model(const glm53_session *s);
 
 /* Feed n tokens (a prefill chunk, or one decode token) after the session's
  * current position. logits: NULL (no output), or room for n*vocab floats

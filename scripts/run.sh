@@ -8,5 +8,5 @@ cd "$(dirname "$0")/.."
 ./scripts/deps.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)" --target glm53 >/dev/null
-if [ $# -eq 0 ]; then set -- -p "We the People of the United States" --max-tokens 64; fi
+if [ $# -eq 0 ]; then set -- -p "The Python interpreter is" --max-tokens 64; fi
 exec ./build/glm53 run "$@"

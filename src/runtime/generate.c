@@ -1,0 +1,229 @@
+/* The generation loop (contract in generate.h). */
+#include "runtime/generate.h"
+#include "core/err.h"
+#include "core/util.h"
+#include "model/config.h"
+#include "runtime/stop.h"
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+void gen_params_default(gen_params *p) {
+  memset(p, 0, sizeof *p);
+  sampler_params_default(&p->sp);
+  p->prefill_chunk = 256;
+  p->penalize_prompt = 1;
+}
+
+static void num_field(const cJSON *o, const char *k, float *f, int *i) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+  if (!cJSON_IsNumber(v)) return;
+  if (f) *f = (float)v->valuedouble;
+  if (i) *i = v->valueint;
+}
+
+int gen_params_from_generation_config(const char *dir, gen_params *p) {
+  gen_params_default(p);
+  if (!dir) return 0;
+  char path[4096];
+  snprintf(path, sizeof path, "%s/generation_config.json", dir);
+  struct stat sb;
+  if (stat(path, &sb) != 0) return 0; /* optional file */
+  size_t len;
+  char *text = read_file(path, &len);
+  if (!text) return -1;
+  cJSON *o = cJSON_ParseWithLength(text, len);
+  free(text);
+  if (!cJSON_IsObject(o)) {
+    cJSON_Delete(o);
+    return glm53_err("%s: not a JSON object", path);
+  }
+  num_field(o, "temperature", &p->sp.temperature, NULL);
+  num_field(o, "top_p", &p->sp.top_p, NULL);
+  num_field(o, "top_k", NULL, &p->sp.top_k);
+  num_field(o, "min_p", &p->sp.min_p, NULL);
+  num_field(o, "repetition_penalty", &p->sp.repetition_penalty, NULL);
+  /* transformers: do_sample=false means greedy whatever the temperature */
+  const cJSON *ds = cJSON_GetObjectItemCaseSensitive(o, "do_sample");
+  if (cJSON_IsFalse(ds)) p->sp.temperature = 0;
+  cJSON_Delete(o);
+  return 0;
+}
+
+typedef struct {
+  const glm53_tokenizer *tok;
+  tok_stream *ts;
+  stop_matcher *sm;
+  gen_on_token cb;
+  void *user;
+  char *buf;
+  size_t cap;
+} gen_ctx;
+
+static int emit(gen_ctx *g, int32_t token, const char *text, size_t len, float lp, const token_logprob *top, int n_top) {
+  if (!g->cb) return 0;
+  gen_token t = {.token = token, .text = text ? text : "", .text_len = len, .logprob = lp, .top = top, .n_top = n_top};
+  return g->cb(g->user, &t);
+}
+
+/* Decodes one token's bytes into g->buf. Returns the byte count or -1. */
+static int decode_token(gen_ctx *g, int32_t token) {
+  if (!g->ts) return 0;
+  size_t blen = 0;
+  /* model rows with no tokenizer entry (e.g. GLM's reserved ids) give no text */
+  if (!tok_token_bytes(g->tok, token, &blen)) return 0;
+  if (blen + 16 > g->cap) { /* + room for a held-back UTF-8 tail */
+    g->cap = blen + 16;
+    g->buf = xrealloc(g->buf, g->cap);
+  }
+  return tok_stream_push(g->ts, token, g->buf, g->cap);
+}
+
+/* End of generation (not after a stop-string match): releases the stream's
+ * incomplete UTF-8 tail and the stop matcher's held-back text in one call. */
+static void flush_all(gen_ctx *g) {
+  const char *out;
+  size_t n = 0;
+  char *acc = NULL;
+  size_t acc_n = 0;
+  int k = g->ts ? tok_stream_flush(g->ts, g->buf, g->cap) : 0;
+  if (k > 0) {
+    int matched = stop_feed(g->sm, g->buf, (size_t)k, &out, &n);
+    if (matched) { /* a stop string completed inside the tail: nothing after it */
+      if (n) emit(g, -1, out, n, 0, NULL, 0);
+      return;
+    }
+    acc = xmalloc(n + 1);
+    memcpy(acc, out, n);
+    acc_n = n;
+  }
+  stop_flush(g->sm, &out, &n);
+  if (n) {
+    acc = xrealloc(acc, acc_n + n);
+    memcpy(acc + acc_n, out, n);
+    acc_n += n;
+  }
+  if (acc_n) emit(g, -1, acc, acc_n, 0, NULL, 0);
+  free(acc);
+}
+
+int gen_run(glm53_session *s, const glm53_tokenizer *tok, const int32_t *prompt, int n_prompt, const gen_params *p,
+            gen_on_token cb, void *user, gen_result *res) {
+  gen_result dummy;
+  if (!res) res = &dummy;
+  memset(res, 0, sizeof *res);
+  res->n_prompt = n_prompt;
+  res->last_token = -1;
+  res->stop_index = -1;
+  res->finish = GEN_ERROR;
+
+  glm53_model *m = glm53_session_model(s);
+  const int V = glm53_model_vocab_size(m);
+  const int pos0 = glm53_session_pos(s), ctx = glm53_session_max_ctx(s);
+  if (!prompt || n_prompt < 1) return glm53_err("generate: empty prompt (at least one new token is needed)");
+  for (int i = 0; i < n_prompt; i++)
+    if (prompt[i] < 0 || prompt[i] >= V)
+      return glm53_err("generate: prompt token %d at position %d is outside the vocabulary (%d)", prompt[i], i, V);
+  /* One free position must remain so that the sampled token can be fed later. */
+  if ((int64_t)pos0 + n_prompt >= ctx)
+    return glm53_err("prompt too long: %d new tokens + %d already in the session do not fit the %d-token context "
+                     "(need at least one free position)", n_prompt, pos0, ctx);
+  if (p->n_stop > 0 && !tok) return glm53_err("generate: stop strings need a tokenizer");
+
+  int32_t ids[GLM53_MAX_EOS + 64];
+  int n_ids = 0;
+  if (!p->ignore_eos) {
+    n_ids = glm53_model_eos(m, ids, GLM53_MAX_EOS);
+    if (n_ids > GLM53_MAX_EOS) n_ids = GLM53_MAX_EOS;
+  }
+  if (p->n_stop_ids > 64) return glm53_err("generate: at most 64 stop token ids (got %d)", p->n_stop_ids);
+  for (int i = 0; i < p->n_stop_ids; i++) ids[n_ids++] = p->stop_ids[i];
+  stop_config sc = {.strings = p->n_stop ? p->stop : NULL, .n_strings = p->n_stop, .token_ids = ids,
+                    .n_token_ids = n_ids, .max_tokens = p->max_tokens};
+
+  gen_ctx g = {.tok = tok, .cb = cb, .user = user, .cap = 256};
+  sampler *smp = NULL;
+  float *logits = NULL;
+  int rc = -1;
+  g.sm = stop_new(&sc);
+  if (!g.sm) goto out;
+  smp = sampler_new(&p->sp, V);
+  if (!smp) goto out;
+  if (tok) {
+    g.ts = tok_stream_new(tok, p->skip_special);
+    if (!g.ts) goto out;
+  }
+  g.buf = xmalloc(g.cap);
+  logits = xmalloc((size_t)V * sizeof(float));
+
+  /* Prefill in chunks (a later scheduler can interleave sessions here). */
+  const int chunk = p->prefill_chunk > 0 ? p->prefill_chunk : 256;
+  double t0 = now_sec();
+  for (int i = 0; i < n_prompt; i += chunk) {
+    if (p->cancel && *p->cancel) {
+      res->finish = GEN_CANCELLED;
+      res->prefill_s = now_sec() - t0;
+      rc = 0;
+      goto out;
+    }
+    int len = n_prompt - i < chunk ? n_prompt - i : chunk;
+    if (glm53_forward(s, prompt + i, len, i + len == n_prompt ? logits : NULL, 0)) goto out;
+    res->n_prompt_fed = i + len;
+  }
+  if (p->penalize_prompt)
+    for (int i = 0; i < n_prompt; i++) sampler_accept(smp, prompt[i]);
+  double t1 = now_sec();
+  res->prefill_s = t1 - t0;
+
+  const int pos1 = pos0 + n_prompt;
+  token_logprob top[SAMPLER_MAX_LOGPROBS];
+  const int n_top = p->sp.n_logprobs;
+  for (;;) {
+    float lp = 0;
+    int32_t t = sampler_sample(smp, logits, n_top > 0 ? top : NULL, &lp);
+    if (t < 0) goto out;
+    res->n_generated++;
+    res->last_token = t;
+    sampler_accept(smp, t);
+    stop_reason r = stop_token(g.sm, t);
+    if (r == STOP_TOKEN) { res->finish = GEN_STOP; break; }
+    int k = decode_token(&g, t);
+    if (k < 0) goto out;
+    const char *out;
+    size_t n = 0;
+    int matched = stop_feed(g.sm, g.buf, (size_t)k, &out, &n);
+    int cancel = emit(&g, t, out, n, lp, n_top > 0 ? top : NULL, n_top);
+    if (matched) {
+      res->finish = GEN_STOP;
+      res->stop_index = stop_which(g.sm);
+      break;
+    }
+    /* checked here, not before sampling, so that the last sampled token is
+     * never fed (the contract in generate.h) */
+    if (cancel || (p->cancel && *p->cancel)) { res->finish = GEN_CANCELLED; break; }
+    if (r == STOP_LENGTH || pos1 + res->n_generated >= ctx) { res->finish = GEN_LENGTH; break; }
+    if (glm53_forward(s, &t, 1, logits, 0)) goto out;
+  }
+  if (res->stop_index < 0) {
+    flush_all(&g);
+    if (stop_which(g.sm) >= 0) { /* completed by the stream's held-back UTF-8 tail */
+      res->stop_index = stop_which(g.sm);
+      res->finish = GEN_STOP;
+    }
+  }
+  res->decode_s = now_sec() - t1;
+  rc = 0;
+out:
+  if (rc) {
+    res->finish = GEN_ERROR;
+    glm53_err_ctx("generate");
+  }
+  tok_stream_free(g.ts);
+  stop_free(g.sm);
+  sampler_free(smp);
+  free(g.buf);
+  free(logits);
+  return rc;
+}
