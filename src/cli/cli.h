@@ -4,6 +4,12 @@
 #include "glm53.h"
 
 int cmd_eval(int argc, char **argv);
+int cmd_serve(int argc, char **argv); /* cmd_serve.c */
+int cmd_run(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
+int cmd_convert(int argc, char **argv);
+int cmd_info(int argc, char **argv);
+int cmd_quality(int argc, char **argv);
 
 /* Shared option helpers: parse "--name value" / "--name=value". */
 const char *cli_opt(int argc, char **argv, const char *name);

@@ -11,6 +11,12 @@ typedef struct {
 
 static const command commands[] = {
     {"eval", cmd_eval, "run tokens through the model and dump logits (golden comparisons)"},
+    {"serve", cmd_serve, "OpenAI-compatible HTTP server (docs/server.md)"},
+    {"run", cmd_run, "generate a completion of one prompt (streamed to stdout)"},
+    {"chat", cmd_chat, "interactive multi-turn chat"},
+    {"convert", cmd_convert, "convert a Hugging Face checkpoint to the quantized .g53 format"},
+    {"info", cmd_info, "summarize a model: config, tensors, bytes per format, RAM for a context"},
+    {"quality", cmd_quality, "perplexity of a text (and NLL delta / top-1 agreement vs a reference model)"},
 };
 
 static void usage(void) {

@@ -5,7 +5,7 @@
 #include "core/err.h"
 #include "core/log.h"
 #include "core/util.h"
-#include "format/safetensors.h"
+#include "format/g53.h"
 #include <stdlib.h>
 #include <sys/stat.h>
 
@@ -22,17 +22,35 @@ static int check_supported(const glm53_config *c) {
   return 0;
 }
 
+/* A converted model: config from the header, matrices bound into the mmap.
+ * Cheap integrity checks always run (g53_open); full checksums only when
+ * GLM53_VERIFY=1 (or glm53 info --verify), since they read every byte. */
+static int load_g53(glm53_model *m, const char *path) {
+  g53_file *f = g53_open(path);
+  if (!f) return -1;
+  m->st = f;
+  free(m->dir);
+  m->dir = xstrdup(g53_dir(f));
+  const char *v = getenv("GLM53_VERIFY");
+  if (v && *v && strcmp(v, "0") && g53_verify(f, 1)) return -1;
+  if (glm53_config_parse(g53_config_json(f), &m->cfg) || glm53_config_validate(&m->cfg) || check_supported(&m->cfg)) return -1;
+  return model_bind_g53(m, f);
+}
+
 glm53_model *glm53_model_load(const char *path, const glm53_load_opts *opts) {
   (void)opts;
   struct stat sb;
   if (stat(path, &sb) != 0) { glm53_err("model path %s does not exist", path); return NULL; }
-  if (!S_ISDIR(sb.st_mode)) { glm53_err("model path %s: expected a checkpoint directory", path); return NULL; }
+  int is_g53 = g53_is_g53(path);
+  if (!is_g53 && !S_ISDIR(sb.st_mode)) { glm53_err("model path %s: expected a checkpoint directory or a .g53 model", path); return NULL; }
   glm53_model *m = xcalloc(1, sizeof *m);
   m->dir = xstrdup(path);
   m->backend = glm53_cpu_backend();
   double t0 = now_sec();
-  if (glm53_config_load_dir(path, &m->cfg) || glm53_config_validate(&m->cfg) || check_supported(&m->cfg) ||
-      model_bind_safetensors(m, path) || glm53_backend_select(m, opts ? opts->backend : NULL)) {
+  int rc = is_g53 ? load_g53(m, path)
+                  : (glm53_config_load_dir(path, &m->cfg) || glm53_config_validate(&m->cfg) || check_supported(&m->cfg) ||
+                     model_bind_safetensors(m, path));
+  if (rc || glm53_backend_select(m, opts ? opts->backend : NULL)) {
     glm53_err_ctx("%s", path);
     glm53_model_free(m);
     return NULL;
@@ -40,9 +58,9 @@ glm53_model *glm53_model_load(const char *path, const glm53_load_opts *opts) {
   const glm53_config *c = &m->cfg;
   int nkda = 0;
   for (int l = 0; l < c->num_hidden_layers; l++) nkda += c->layer_types[l] == ATTN_KDA;
-  LOG_INFO("loaded %s: %d layers (%d KDA, %d MLA), hidden %d, vocab %d, %d experts top-%d; %.1f MB fp32 weights in %.2f s (reference CPU backend)",
+  LOG_INFO("loaded %s: %d layers (%d KDA, %d MLA), hidden %d, vocab %d, %d experts top-%d; %.1f MB %s weights in %.2f s",
            path, c->num_hidden_layers, nkda, c->num_hidden_layers - nkda, c->hidden_size, c->vocab_size, c->n_routed_experts,
-           c->num_experts_per_tok, m->weight_bytes / 1e6, now_sec() - t0);
+           c->num_experts_per_tok, m->weight_bytes / 1e6, is_g53 ? ".g53 (mmapped)" : "fp32", now_sec() - t0);
   return m;
 }
 
@@ -88,7 +106,7 @@ void glm53_model_free(glm53_model *m) {
   if (!m) return;
   if (m->backend && m->backend->model_free) m->backend->model_free(m);
   model_free_weights(m);
-  if (m->st) st_close(m->st);
+  if (m->st) g53_close(m->st);
   free(m->dir);
   free(m);
 }

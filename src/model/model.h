@@ -80,12 +80,15 @@ struct glm53_model {
   float *final_norm;
   wmat lm_head;  /* [V][D] */
   layer_weights *layers;
-  void *st;      /* the checkpoint reader that owns mmapped data (st_set*) */
+  void *st;      /* .g53 models: the g53_file whose mmap the matrices point into; NULL for HF (copied) */
   size_t weight_bytes;
 };
 
-/* Bind all weights of cfg from a safetensors checkpoint directory. */
+/* Bind all weights of cfg from a safetensors checkpoint directory (fp32 copies). */
 int model_bind_safetensors(glm53_model *m, const char *dir);
+/* Bind all weights from an opened .g53 file (format/g53.h; matrices stay in its mmap). */
+struct g53_file;
+int model_bind_g53(glm53_model *m, struct g53_file *f);
 void model_free_weights(glm53_model *m);
 
 #endif

@@ -1,5 +1,6 @@
 #include "model/wmat.h"
 #include "core/util.h"
+#include "cpu/qmatmul.h"
 #include <stdlib.h>
 
 static float scale_at(const wmat *w, size_t i) {
@@ -7,8 +8,14 @@ static float scale_at(const wmat *w, size_t i) {
   return w->scale_bf16 ? bf16_to_f32(s) : f16_to_f32(s);
 }
 
-/* Dequantize one row (generic path; optimized kernels live in src/cpu/). */
+/* Dequantize one row: the SIMD kernels (src/cpu) where the shape allows,
+ * else the generic loop below (the reference the kernels are tested against). */
 void wmat_get_row(const wmat *w, int r, float *out) {
+  if (w->fmt != WMAT_F32 && cpu_dequant_row(w, r, out) == 0) return;
+  wmat_get_row_generic(w, r, out);
+}
+
+void wmat_get_row_generic(const wmat *w, int r, float *out) {
   size_t cols = (size_t)w->cols;
   switch (w->fmt) {
   case WMAT_F32:
@@ -55,6 +62,8 @@ void wmat_matmul(const wmat *w, const float *x, int n, float *y) {
     }
     return;
   }
+  /* quantized/bf16: the optimized kernels (src/cpu) when the shape allows */
+  if (cpu_qmatmul(w, x, n, y) == 0) return;
 #pragma omp parallel if ((size_t)rows * cols * n > 65536)
   {
     float *row = xmalloc((size_t)cols * sizeof(float));

@@ -31,6 +31,8 @@ void wmat_matmul(const wmat *w, const float *x, int n, float *y);
 static inline void wmat_matvec(const wmat *w, const float *x, float *y) { wmat_matmul(w, x, 1, y); }
 /* Row r of W as fp32 (used for embedding lookups). */
 void wmat_get_row(const wmat *w, int r, float *out);
+/* The plain-C dequantization (reference for the SIMD kernels' tests). */
+void wmat_get_row_generic(const wmat *w, int r, float *out);
 size_t wmat_bytes(const wmat *w);
 void wmat_free(wmat *w);
 

@@ -1,0 +1,44 @@
+/* Optimized CPU matmul for the quantized wmat formats (Q4 "fmt=4", Q8,
+ * BF16): Y[n][rows] = X[n][cols] W^T with fp32 accumulation.
+ *  - n == 1 (decode): GEMV straight from the packed weights, dequantizing in
+ *    registers (Q4: x is de-interleaved once per call so the low and high
+ *    nibbles of 16 bytes multiply 16 even / 16 odd inputs; the -8 offset is
+ *    folded in as -8 * d * sum(x of the group)).
+ *  - n > 1 (prefill): per block of tokens, each row is dequantized once into
+ *    an fp32 buffer and dotted with the block's tokens, 4 at a time.
+ * ISA: AVX-512 (F+BW+VL), AVX2+FMA+F16C, or scalar, chosen at run time with
+ * __builtin_cpu_supports; parallel over rows with OpenMP.
+ * Error: fp32 accumulation; |y - y_exact| <= ~cols * 2^-24 * sum_j |w_j x_j|
+ * in the worst case (tests use 1e-5 relative to sum|w x|). */
+#ifndef GLM53_CPU_QMATMUL_H
+#define GLM53_CPU_QMATMUL_H
+#include "model/wmat.h"
+
+enum cpu_isa { CPU_ISA_AUTO = -1, CPU_ISA_SCALAR = 0, CPU_ISA_AVX2 = 1, CPU_ISA_AVX512 = 2 };
+
+/* 1 if cpu_qmatmul handles w (Q4/Q8 with group % 32 == 0, BF16 with
+ * cols % 32 == 0). */
+int cpu_qmatmul_supported(const wmat *w);
+/* Returns 0, or -1 (nothing written) when !cpu_qmatmul_supported(w). */
+int cpu_qmatmul(const wmat *w, const float *x, int n, float *y);
+/* Row r of w as fp32 with the SIMD dequantizer; -1 when unsupported. */
+int cpu_dequant_row(const wmat *w, int r, float *out);
+/* The ISA in use; cpu_isa_force(CPU_ISA_AUTO) restores detection. Forcing an
+ * ISA the CPU lacks falls back to the best supported one (tests). */
+int cpu_isa(void);
+void cpu_isa_force(int isa);
+const char *cpu_isa_name(int isa);
+
+/* Per-ISA kernels (qmatmul_*.c). x4: up to 4 token vectors, stride cols. */
+typedef struct {
+  float (*gemv_q4)(const uint8_t *q, const uint16_t *sc, int cols, int group, int bf16, const float *xp, const float *xs);
+  float (*gemv_q8)(const int8_t *q, const uint16_t *sc, int cols, int group, int bf16, const float *x);
+  float (*gemv_bf16)(const uint16_t *q, int cols, const float *x);
+  void (*dequant_row)(const wmat *w, int r, float *out);
+  void (*dot_n)(const float *a, const float *x, int cols, int nt, float *out); /* nt <= 4 */
+} cpu_kernels;
+const cpu_kernels *cpu_kernels_scalar(void);
+const cpu_kernels *cpu_kernels_avx2(void);
+const cpu_kernels *cpu_kernels_avx512(void);
+
+#endif

@@ -1,0 +1,116 @@
+/* AVX-512 (F+BW+VL, FMA, F16C) kernels of qmatmul.h. Compiled for that
+ * target only here; called only after __builtin_cpu_supports said yes. */
+#include "cpu/qmatmul.h"
+#include "core/util.h"
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+#include <immintrin.h>
+
+static inline float sc(uint16_t s, int bf16) { return bf16 ? bf16_to_f32(s) : _cvtsh_ss(s); }
+
+static float gemv_q4(const uint8_t *q, const uint16_t *scl, int cols, int group, int bf16, const float *xp, const float *xs) {
+  const __m512i m15 = _mm512_set1_epi32(15);
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  float corr = 0;
+  for (int g = 0; g < cols / group; g++) {
+    __m512 t0 = _mm512_setzero_ps(), t1 = _mm512_setzero_ps();
+    for (int b = g * group; b < (g + 1) * group; b += 32) {
+      __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + b / 2)));
+      __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(v, m15));
+      __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+      t0 = _mm512_fmadd_ps(lo, _mm512_load_ps(xp + b), t0);
+      t1 = _mm512_fmadd_ps(hi, _mm512_load_ps(xp + b + 16), t1);
+    }
+    float d = sc(scl[g], bf16);
+    __m512 dv = _mm512_set1_ps(d);
+    acc0 = _mm512_fmadd_ps(t0, dv, acc0);
+    acc1 = _mm512_fmadd_ps(t1, dv, acc1);
+    corr += d * xs[g];
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) - 8.0f * corr;
+}
+
+static float gemv_q8(const int8_t *q, const uint16_t *scl, int cols, int group, int bf16, const float *x) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int g = 0; g < cols / group; g++) {
+    __m512 t0 = _mm512_setzero_ps(), t1 = _mm512_setzero_ps();
+    for (int b = g * group; b < (g + 1) * group; b += 32) {
+      __m512 a = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + b))));
+      __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + b + 16))));
+      t0 = _mm512_fmadd_ps(a, _mm512_loadu_ps(x + b), t0);
+      t1 = _mm512_fmadd_ps(c, _mm512_loadu_ps(x + b + 16), t1);
+    }
+    acc = _mm512_fmadd_ps(_mm512_add_ps(t0, t1), _mm512_set1_ps(sc(scl[g], bf16)), acc);
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+
+static inline __m512 bf16x16(const uint16_t *p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+static float gemv_bf16(const uint16_t *q, int cols, const float *x) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+  for (int j = 0; j < cols; j += 32) {
+    a0 = _mm512_fmadd_ps(bf16x16(q + j), _mm512_loadu_ps(x + j), a0);
+    a1 = _mm512_fmadd_ps(bf16x16(q + j + 16), _mm512_loadu_ps(x + j + 16), a1);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+}
+
+static void dequant_row(const wmat *w, int r, float *out) {
+  const int cols = w->cols;
+  if (w->fmt == WMAT_BF16) {
+    const uint16_t *p = (const uint16_t *)w->data + (size_t)r * cols;
+    for (int j = 0; j < cols; j += 16) _mm512_storeu_ps(out + j, bf16x16(p + j));
+    return;
+  }
+  const int group = w->group;
+  const size_t ng = (size_t)cols / group;
+  const uint16_t *scl = (const uint16_t *)w->scales + (size_t)r * ng;
+  if (w->fmt == WMAT_Q8) {
+    const int8_t *p = (const int8_t *)w->data + (size_t)r * cols;
+    for (int g = 0; g < cols / group; g++) {
+      __m512 d = _mm512_set1_ps(sc(scl[g], w->scale_bf16));
+      for (int j = g * group; j < (g + 1) * group; j += 16)
+        _mm512_storeu_ps(out + j, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + j))))));
+    }
+    return;
+  }
+  /* Q4: byte i of a 32-block holds columns 2i (low) and 2i+1 (high) */
+  const uint8_t *p = (const uint8_t *)w->data + (size_t)r * cols / 2;
+  const __m128i m15 = _mm_set1_epi8(15), eight = _mm_set1_epi8(8);
+  for (int g = 0; g < cols / group; g++) {
+    __m512 d = _mm512_set1_ps(sc(scl[g], w->scale_bf16));
+    for (int b = g * group; b < (g + 1) * group; b += 32) {
+      __m128i v = _mm_loadu_si128((const __m128i *)(p + b / 2));
+      __m128i lo = _mm_sub_epi8(_mm_and_si128(v, m15), eight), hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), m15), eight);
+      __m128i e0 = _mm_unpacklo_epi8(lo, hi), e1 = _mm_unpackhi_epi8(lo, hi);
+      _mm512_storeu_ps(out + b, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(e0))));
+      _mm512_storeu_ps(out + b + 16, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(e1))));
+    }
+  }
+}
+
+static void dot_n(const float *a, const float *x, int cols, int nt, float *out) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(), s3 = _mm512_setzero_ps();
+  const float *x0 = x, *x1 = x + (nt > 1 ? cols : 0), *x2 = x + (nt > 2 ? 2 * (size_t)cols : 0), *x3 = x + (nt > 3 ? 3 * (size_t)cols : 0);
+  for (int j = 0; j < cols; j += 16) {
+    __m512 av = _mm512_loadu_ps(a + j);
+    s0 = _mm512_fmadd_ps(av, _mm512_loadu_ps(x0 + j), s0);
+    s1 = _mm512_fmadd_ps(av, _mm512_loadu_ps(x1 + j), s1);
+    s2 = _mm512_fmadd_ps(av, _mm512_loadu_ps(x2 + j), s2);
+    s3 = _mm512_fmadd_ps(av, _mm512_loadu_ps(x3 + j), s3);
+  }
+  float r[4] = {_mm512_reduce_add_ps(s0), _mm512_reduce_add_ps(s1), _mm512_reduce_add_ps(s2), _mm512_reduce_add_ps(s3)};
+  for (int t = 0; t < nt; t++) out[t] = r[t];
+}
+
+static const cpu_kernels k = {gemv_q4, gemv_q8, gemv_bf16, dequant_row, dot_n};
+#pragma GCC pop_options
+const cpu_kernels *cpu_kernels_avx512(void) { return &k; }
+#else
+const cpu_kernels *cpu_kernels_avx512(void) { return cpu_kernels_scalar(); }
+#endif

@@ -1,0 +1,67 @@
+// Backend fault injection (server started with GLM53_FAULT=forward:N):
+//   mode "fail": the request hit by the fault fails alone (non-stream: 500 +
+//     error JSON; stream: an SSE error event then [DONE]); concurrent ones
+//     and later ones complete.
+//   mode "cpu":  the request is rebuilt on the CPU and completes with the same
+//     greedy output as without the fault; the fallback is counted.
+import assert from 'node:assert/strict';
+import { post, readSSE, metric, waitMetric } from './server_sse.mjs';
+
+const mode = process.argv[2];
+const q = (p, extra = {}) => ({ prompt: p, max_tokens: 8, temperature: 0, ignore_eos: true, ...extra });
+
+if (mode === 'fail') {
+  // forward:6 — 4 concurrent streams, each 1 prefill + 7 decode forwards: one is hit.
+  const res = await Promise.all([0, 1, 2, 3].map((i) => post('/v1/completions', q(`stream ${i}`, { stream: true }))));
+  let failed = 0, ok = 0;
+  for (const r of res) {
+    assert.equal(r.status, 200);
+    const { events } = await readSSE(r);
+    assert.equal(events[events.length - 1], '[DONE]', 'every stream ends with [DONE]');
+    const err = events.find((e) => e.error);
+    if (err) {
+      failed++;
+      assert.equal(err.error.type, 'server_error');
+      assert.ok(err.error.message.includes('injected fault'), err.error.message);
+    } else {
+      ok++;
+      assert.equal(events.filter((e) => e.choices && e.choices[0]?.finish_reason === 'length').length, 1);
+    }
+  }
+  assert.equal(failed, 1, 'exactly one stream failed');
+  assert.equal(ok, 3);
+  // a later non-stream request works; the 2nd fault (forward:N+ not set) is not repeated
+  const r = await post('/v1/completions', q('after'));
+  assert.equal(r.status, 200);
+  assert.equal((await r.json()).choices[0].finish_reason, 'length');
+  assert.equal(await metric('glm53_backend_errors_total'), 1);
+  assert.equal(await metric('glm53_cpu_fallbacks_total'), 0);
+  assert.ok(await waitMetric('glm53_active_sessions', 0));
+  console.log('fault mode fail: ok');
+} else if (mode === 'fail-nonstream') {
+  // forward:2 — the first request's decode fails: 500 with an OpenAI error body.
+  const r = await post('/v1/chat/completions', { messages: [{ role: 'user', content: 'hi' }], max_tokens: 4, temperature: 0 });
+  assert.equal(r.status, 500);
+  const e = (await r.json()).error;
+  assert.equal(e.type, 'server_error');
+  assert.ok(e.message.length > 0);
+  const r2 = await post('/v1/chat/completions', { messages: [{ role: 'user', content: 'hi' }], max_tokens: 4, temperature: 0 });
+  assert.equal(r2.status, 200);
+  console.log('fault mode fail (non-stream): ok');
+} else if (mode === 'cpu') {
+  // forward:3 — hits the first request mid-decode; it must continue on the CPU.
+  const a = await (await post('/v1/completions', q('fallback please'))).json();
+  const b = await (await post('/v1/completions', q('fallback please'))).json();
+  assert.equal(a.choices[0].finish_reason, 'length');
+  assert.equal(a.usage.completion_tokens, 8);
+  assert.equal(a.choices[0].text, b.choices[0].text, 'fallback run == clean run (greedy)');
+  const s = await post('/v1/completions', q('stream too', { stream: true }));
+  const { events } = await readSSE(s);
+  assert.ok(!events.some((e) => e.error));
+  assert.equal(await metric('glm53_backend_errors_total'), 1);
+  assert.equal(await metric('glm53_cpu_fallbacks_total'), 1);
+  console.log('fault mode cpu: ok');
+} else {
+  console.error('usage: server_faults.mjs fail|fail-nonstream|cpu');
+  process.exit(2);
+}
