@@ -52,24 +52,34 @@ int gen_params_from_generation_config(const char *dir, gen_params *p) {
   return 0;
 }
 
-typedef struct {
+enum { ST_PREFILL, ST_DECODE, ST_DONE };
+
+struct gen_state {
+  glm53_session *s;
   const glm53_tokenizer *tok;
+  const gen_params *p;
+  const int32_t *prompt;
+  int n_prompt, pos1, ctx, state;
   tok_stream *ts;
   stop_matcher *sm;
+  sampler *smp;
   gen_on_token cb;
   void *user;
   char *buf;
   size_t cap;
-} gen_ctx;
+  float *logits;
+  double t0, t1;
+  gen_result res;
+};
 
-static int emit(gen_ctx *g, int32_t token, const char *text, size_t len, float lp, const token_logprob *top, int n_top) {
+static int emit(gen_state *g, int32_t token, const char *text, size_t len, float lp, const token_logprob *top, int n_top) {
   if (!g->cb) return 0;
   gen_token t = {.token = token, .text = text ? text : "", .text_len = len, .logprob = lp, .top = top, .n_top = n_top};
   return g->cb(g->user, &t);
 }
 
 /* Decodes one token's bytes into g->buf. Returns the byte count or -1. */
-static int decode_token(gen_ctx *g, int32_t token) {
+static int decode_token(gen_state *g, int32_t token) {
   if (!g->ts) return 0;
   size_t blen = 0;
   /* model rows with no tokenizer entry (e.g. GLM's reserved ids) give no text */
@@ -83,7 +93,7 @@ static int decode_token(gen_ctx *g, int32_t token) {
 
 /* End of generation (not after a stop-string match): releases the stream's
  * incomplete UTF-8 tail and the stop matcher's held-back text in one call. */
-static void flush_all(gen_ctx *g) {
+static void flush_all(gen_state *g) {
   const char *out;
   size_t n = 0;
   char *acc = NULL;
@@ -109,28 +119,30 @@ static void flush_all(gen_ctx *g) {
   free(acc);
 }
 
-int gen_run(glm53_session *s, const glm53_tokenizer *tok, const int32_t *prompt, int n_prompt, const gen_params *p,
-            gen_on_token cb, void *user, gen_result *res) {
-  gen_result dummy;
-  if (!res) res = &dummy;
-  memset(res, 0, sizeof *res);
-  res->n_prompt = n_prompt;
-  res->last_token = -1;
-  res->stop_index = -1;
-  res->finish = GEN_ERROR;
+static int forward(gen_state *g, const int32_t *toks, int n, float *logits) {
+  if (g->p->forward) return g->p->forward(g->p->forward_user, g->s, toks, n, logits);
+  return glm53_forward(g->s, toks, n, logits, 0);
+}
 
+gen_state *gen_begin(glm53_session *s, const glm53_tokenizer *tok, const int32_t *prompt, int n_prompt,
+                     const gen_params *p, gen_on_token cb, void *user) {
   glm53_model *m = glm53_session_model(s);
   const int V = glm53_model_vocab_size(m);
   const int pos0 = glm53_session_pos(s), ctx = glm53_session_max_ctx(s);
-  if (!prompt || n_prompt < 1) return glm53_err("generate: empty prompt (at least one new token is needed)");
+  if (!prompt || n_prompt < 1) { glm53_err("generate: empty prompt (at least one new token is needed)"); return NULL; }
   for (int i = 0; i < n_prompt; i++)
-    if (prompt[i] < 0 || prompt[i] >= V)
-      return glm53_err("generate: prompt token %d at position %d is outside the vocabulary (%d)", prompt[i], i, V);
+    if (prompt[i] < 0 || prompt[i] >= V) {
+      glm53_err("generate: prompt token %d at position %d is outside the vocabulary (%d)", prompt[i], i, V);
+      return NULL;
+    }
   /* One free position must remain so that the sampled token can be fed later. */
-  if ((int64_t)pos0 + n_prompt >= ctx)
-    return glm53_err("prompt too long: %d new tokens + %d already in the session do not fit the %d-token context "
-                     "(need at least one free position)", n_prompt, pos0, ctx);
-  if (p->n_stop > 0 && !tok) return glm53_err("generate: stop strings need a tokenizer");
+  if ((int64_t)pos0 + n_prompt >= ctx) {
+    glm53_err("prompt too long: %d new tokens + %d already in the session do not fit the %d-token context "
+              "(need at least one free position)", n_prompt, pos0, ctx);
+    return NULL;
+  }
+  if (p->n_stop > 0 && !tok) { glm53_err("generate: stop strings need a tokenizer"); return NULL; }
+  if (p->n_stop_ids > 64) { glm53_err("generate: at most 64 stop token ids (got %d)", p->n_stop_ids); return NULL; }
 
   int32_t ids[GLM53_MAX_EOS + 64];
   int n_ids = 0;
@@ -138,92 +150,125 @@ int gen_run(glm53_session *s, const glm53_tokenizer *tok, const int32_t *prompt,
     n_ids = glm53_model_eos(m, ids, GLM53_MAX_EOS);
     if (n_ids > GLM53_MAX_EOS) n_ids = GLM53_MAX_EOS;
   }
-  if (p->n_stop_ids > 64) return glm53_err("generate: at most 64 stop token ids (got %d)", p->n_stop_ids);
   for (int i = 0; i < p->n_stop_ids; i++) ids[n_ids++] = p->stop_ids[i];
   stop_config sc = {.strings = p->n_stop ? p->stop : NULL, .n_strings = p->n_stop, .token_ids = ids,
                     .n_token_ids = n_ids, .max_tokens = p->max_tokens};
 
-  gen_ctx g = {.tok = tok, .cb = cb, .user = user, .cap = 256};
-  sampler *smp = NULL;
-  float *logits = NULL;
-  int rc = -1;
-  g.sm = stop_new(&sc);
-  if (!g.sm) goto out;
-  smp = sampler_new(&p->sp, V);
-  if (!smp) goto out;
-  if (tok) {
-    g.ts = tok_stream_new(tok, p->skip_special);
-    if (!g.ts) goto out;
+  gen_state *g = xcalloc(1, sizeof *g);
+  *g = (gen_state){.s = s, .tok = tok, .p = p, .prompt = prompt, .n_prompt = n_prompt, .pos1 = pos0 + n_prompt,
+                   .ctx = ctx, .state = ST_PREFILL, .cb = cb, .user = user, .cap = 256};
+  g->res = (gen_result){.n_prompt = n_prompt, .last_token = -1, .stop_index = -1, .finish = GEN_ERROR};
+  g->sm = stop_new(&sc);
+  if (g->sm) g->smp = sampler_new(&p->sp, V);
+  if (g->smp && tok) g->ts = tok_stream_new(tok, p->skip_special);
+  if (!g->smp || (tok && !g->ts)) {
+    gen_end(g);
+    return NULL;
   }
-  g.buf = xmalloc(g.cap);
-  logits = xmalloc((size_t)V * sizeof(float));
+  g->buf = xmalloc(g->cap);
+  g->logits = xmalloc((size_t)V * sizeof(float));
+  return g;
+}
 
-  /* Prefill in chunks (a later scheduler can interleave sessions here). */
-  const int chunk = p->prefill_chunk > 0 ? p->prefill_chunk : 256;
-  double t0 = now_sec();
-  for (int i = 0; i < n_prompt; i += chunk) {
-    if (p->cancel && *p->cancel) {
-      res->finish = GEN_CANCELLED;
-      res->prefill_s = now_sec() - t0;
-      rc = 0;
-      goto out;
-    }
-    int len = n_prompt - i < chunk ? n_prompt - i : chunk;
-    if (glm53_forward(s, prompt + i, len, i + len == n_prompt ? logits : NULL, 0)) goto out;
-    res->n_prompt_fed = i + len;
-  }
-  if (p->penalize_prompt)
-    for (int i = 0; i < n_prompt; i++) sampler_accept(smp, prompt[i]);
-  double t1 = now_sec();
-  res->prefill_s = t1 - t0;
+static int finish(gen_state *g, int why) {
+  g->res.finish = why;
+  g->state = ST_DONE;
+  if (g->t1 > 0) g->res.decode_s = now_sec() - g->t1;
+  return 0;
+}
 
-  const int pos1 = pos0 + n_prompt;
+/* Samples from g->logits, reports the token, decides whether to go on. */
+static int sample_step(gen_state *g) {
+  const gen_params *p = g->p;
   token_logprob top[SAMPLER_MAX_LOGPROBS];
   const int n_top = p->sp.n_logprobs;
-  for (;;) {
-    float lp = 0;
-    int32_t t = sampler_sample(smp, logits, n_top > 0 ? top : NULL, &lp);
-    if (t < 0) goto out;
-    res->n_generated++;
-    res->last_token = t;
-    sampler_accept(smp, t);
-    stop_reason r = stop_token(g.sm, t);
-    if (r == STOP_TOKEN) { res->finish = GEN_STOP; break; }
-    int k = decode_token(&g, t);
-    if (k < 0) goto out;
+  float lp = 0;
+  int32_t t = sampler_sample(g->smp, g->logits, n_top > 0 ? top : NULL, &lp);
+  if (t < 0) return -1;
+  g->res.n_generated++;
+  g->res.last_token = t;
+  sampler_accept(g->smp, t);
+  stop_reason r = stop_token(g->sm, t);
+  int why = -1;
+  if (r == STOP_TOKEN) {
+    why = GEN_STOP;
+  } else {
+    int k = decode_token(g, t);
+    if (k < 0) return -1;
     const char *out;
     size_t n = 0;
-    int matched = stop_feed(g.sm, g.buf, (size_t)k, &out, &n);
-    int cancel = emit(&g, t, out, n, lp, n_top > 0 ? top : NULL, n_top);
+    int matched = stop_feed(g->sm, g->buf, (size_t)k, &out, &n);
+    int cancel = emit(g, t, out, n, lp, n_top > 0 ? top : NULL, n_top);
     if (matched) {
-      res->finish = GEN_STOP;
-      res->stop_index = stop_which(g.sm);
-      break;
+      g->res.stop_index = stop_which(g->sm);
+      return finish(g, GEN_STOP);
     }
-    /* checked here, not before sampling, so that the last sampled token is
-     * never fed (the contract in generate.h) */
-    if (cancel || (p->cancel && *p->cancel)) { res->finish = GEN_CANCELLED; break; }
-    if (r == STOP_LENGTH || pos1 + res->n_generated >= ctx) { res->finish = GEN_LENGTH; break; }
-    if (glm53_forward(s, &t, 1, logits, 0)) goto out;
+    /* checked after sampling, so that the last sampled token is never fed
+     * (the contract in generate.h) */
+    if (cancel || (p->cancel && *p->cancel)) why = GEN_CANCELLED;
+    else if (r == STOP_LENGTH || g->pos1 + g->res.n_generated >= g->ctx) why = GEN_LENGTH;
   }
-  if (res->stop_index < 0) {
-    flush_all(&g);
-    if (stop_which(g.sm) >= 0) { /* completed by the stream's held-back UTF-8 tail */
-      res->stop_index = stop_which(g.sm);
-      res->finish = GEN_STOP;
+  if (why < 0) return 1;
+  flush_all(g);
+  if (stop_which(g->sm) >= 0) { /* completed by the stream's held-back UTF-8 tail */
+    g->res.stop_index = stop_which(g->sm);
+    why = GEN_STOP;
+  }
+  return finish(g, why);
+}
+
+int gen_step(gen_state *g) {
+  const gen_params *p = g->p;
+  if (g->state == ST_DONE) return 0;
+  /* decode steps check p->cancel right after sampling (sample_step) */
+  if (g->state == ST_PREFILL && p->cancel && *p->cancel) return finish(g, GEN_CANCELLED);
+  if (g->state == ST_PREFILL) {
+    const int chunk = p->prefill_chunk > 0 ? p->prefill_chunk : 256;
+    const int i = g->res.n_prompt_fed, len = g->n_prompt - i < chunk ? g->n_prompt - i : chunk;
+    const int last = i + len == g->n_prompt;
+    if (i == 0) g->t0 = now_sec();
+    if (forward(g, g->prompt + i, len, last ? g->logits : NULL)) return -1;
+    g->res.n_prompt_fed = i + len;
+    if (!last) return 1;
+    if (p->penalize_prompt)
+      for (int k = 0; k < g->n_prompt; k++) sampler_accept(g->smp, g->prompt[k]);
+    g->t1 = now_sec();
+    g->res.prefill_s = g->t1 - g->t0;
+    g->state = ST_DECODE;
+    return sample_step(g);
+  }
+  if (forward(g, &g->res.last_token, 1, g->logits)) return -1;
+  return sample_step(g);
+}
+
+const gen_result *gen_result_of(const gen_state *g) { return &g->res; }
+
+void gen_end(gen_state *g) {
+  if (!g) return;
+  tok_stream_free(g->ts);
+  stop_free(g->sm);
+  sampler_free(g->smp);
+  free(g->buf);
+  free(g->logits);
+  free(g);
+}
+
+int gen_run(glm53_session *s, const glm53_tokenizer *tok, const int32_t *prompt, int n_prompt, const gen_params *p,
+            gen_on_token cb, void *user, gen_result *res) {
+  gen_state *g = gen_begin(s, tok, prompt, n_prompt, p, cb, user);
+  int rc;
+  if (!g) {
+    rc = -1;
+  } else {
+    while ((rc = gen_step(g)) > 0) {
     }
   }
-  res->decode_s = now_sec() - t1;
-  rc = 0;
-out:
-  if (rc) {
-    res->finish = GEN_ERROR;
-    glm53_err_ctx("generate");
+  if (res) {
+    if (g) *res = g->res;
+    else *res = (gen_result){.n_prompt = n_prompt, .last_token = -1, .stop_index = -1, .finish = GEN_ERROR};
+    if (rc < 0) res->finish = GEN_ERROR;
   }
-  tok_stream_free(g.ts);
-  stop_free(g.sm);
-  sampler_free(smp);
-  free(g.buf);
-  free(logits);
-  return rc;
+  if (rc < 0) glm53_err_ctx("generate");
+  gen_end(g);
+  return rc < 0 ? -1 : 0;
 }

@@ -48,6 +48,10 @@ typedef struct {
   const volatile sig_atomic_t *cancel; /* optional: set nonzero (signal handler,
                                   other thread) to stop before the next prefill
                                   chunk or decode forward: GEN_CANCELLED */
+  /* optional forward hook (default glm53_forward with all_rows 0): the server
+   * wraps it with its --on-gpu-error policy and cache accounting */
+  int (*forward)(void *user, glm53_session *s, const int32_t *tokens, int n, float *logits);
+  void *forward_user;
 } gen_params;
 
 /* One generated token, as reported to the callback. */
@@ -88,6 +92,19 @@ void gen_params_default(gen_params *p);
  * (a missing file or field is not an error; GLM-5.3 ships T 1.0, top_p 0.95).
  * Returns 0, or -1 + glm53_err on unreadable / invalid JSON. dir may be NULL. */
 int gen_params_from_generation_config(const char *dir, gen_params *p);
+
+/* Step-wise form, for schedulers that interleave many sessions:
+ *   g = gen_begin(...)        validates and sets up, no compute (NULL + glm53_err)
+ *   while ((rc = gen_step(g)) > 0) ...   one prefill chunk or one decode token
+ *   rc == 0: finished (gen_result_of(g)->finish); rc < 0: error (glm53_err)
+ *   gen_end(g)                frees (the session stays with the caller)
+ * The callback, params (incl. stop strings) and prompt must outlive g. */
+typedef struct gen_state gen_state;
+gen_state *gen_begin(glm53_session *s, const glm53_tokenizer *tok, const int32_t *prompt, int n_prompt,
+                     const gen_params *p, gen_on_token cb, void *user);
+int gen_step(gen_state *g);
+const gen_result *gen_result_of(const gen_state *g);
+void gen_end(gen_state *g);
 
 /* Runs one generation (see the contract above). prompt: n_prompt >= 1 new
  * tokens. tok: used to decode text; may be NULL (no text, and stop strings are

@@ -5,9 +5,8 @@
  * all active sessions can later replace the loop in sched_round without
  * changing the request life cycle.
  *
- * The per-request step mirrors gen_run (runtime/generate.c) - prefill, then
- * sample / stop / stream - but one step at a time, because gen_run is a
- * blocking loop that cannot be interleaved with other sessions. */
+ * Each request runs the shared generation loop (runtime/generate.h) in its
+ * step-wise form: gen_step does one prefill chunk or one decode token. */
 #include "server/srv_internal.h"
 #include "core/err.h"
 #include "core/log.h"
@@ -17,140 +16,86 @@
 #include <string.h>
 #include <time.h>
 
-/* One forward with the --on-gpu-error policy. 0, or -1 (message in errbuf). */
-static int fwd(srv *S, job *j, const int32_t *toks, int n, float *logits, char *errbuf, size_t cap) {
-  if (glm53_forward(j->s, toks, n, logits, 0) == 0) {
+/* gen_params.forward hook: one forward with the --on-gpu-error policy and
+ * cache accounting. 0, or -1 with the reason in glm53_err. */
+static int fwd(void *user, glm53_session *s, const int32_t *toks, int n, float *logits) {
+  job *j = user;
+  srv *S = j->srv;
+  if (glm53_forward(s, toks, n, logits, 0) == 0) {
     atomic_fetch_add(&S->cache_tokens, n);
     return 0;
   }
-  snprintf(errbuf, cap, "%s", glm53_last_error());
+  char err[512];
+  snprintf(err, sizeof err, "%s", glm53_last_error());
   met_inc(&S->met, &S->met.backend_errors);
-  LOG_WARN("request %s: backend error on %s: %s", j->id, glm53_session_backend(j->s), errbuf);
-  if (!S->o.on_gpu_error_cpu || j->fell_back) return -1;
+  LOG_WARN("request %s: backend error on %s: %s", j->id, glm53_session_backend(s), err);
+  if (!S->o.on_gpu_error_cpu || j->fell_back) return glm53_err("%s", err);
   j->fell_back = 1;
-  if (glm53_session_fallback_cpu(j->s) != 0) {
-    snprintf(errbuf, cap, "CPU fallback failed: %s", glm53_last_error());
-    LOG_ERROR("request %s: %s", j->id, errbuf);
+  if (glm53_session_fallback_cpu(s) != 0) {
+    glm53_err_ctx("CPU fallback failed");
+    LOG_ERROR("request %s: %s", j->id, glm53_last_error());
     return -1;
   }
   met_inc(&S->met, &S->met.cpu_fallbacks);
   LOG_WARN("request %s: continuing on the cpu backend", j->id);
-  if (glm53_forward(j->s, toks, n, logits, 0) == 0) {
+  if (glm53_forward(s, toks, n, logits, 0) == 0) {
     atomic_fetch_add(&S->cache_tokens, n);
     return 0;
   }
-  snprintf(errbuf, cap, "%s (after CPU fallback)", glm53_last_error());
-  LOG_ERROR("request %s: %s", j->id, errbuf);
+  glm53_err_ctx("after CPU fallback");
+  LOG_ERROR("request %s: %s", j->id, glm53_last_error());
   return -1;
 }
 
-static int job_init(srv *S, job *j, char *err, size_t cap) {
-  const int V = glm53_model_vocab_size(S->m);
-  int32_t ids[GLM53_MAX_EOS];
-  int n_ids = 0;
-  if (!j->gp.ignore_eos) {
-    n_ids = glm53_model_eos(S->m, ids, GLM53_MAX_EOS);
-    if (n_ids > GLM53_MAX_EOS) n_ids = GLM53_MAX_EOS;
+/* gen_on_token callback: stream the text, note the time to first token. */
+static int on_token(void *user, const gen_token *t) {
+  job *j = user;
+  srv *S = j->srv;
+  if (t->token >= 0 && j->t_first == 0) {
+    j->t_first = now_sec();
+    met_observe(&S->met, &S->met.ttft, j->t_first - j->t_arrive);
   }
-  stop_config sc = {.strings = j->n_stop ? (const char *const *)j->stop : NULL, .n_strings = j->n_stop,
-                    .token_ids = ids, .n_token_ids = n_ids, .max_tokens = j->gp.max_tokens};
+  api_emit_token(S, j, t->token, t->text, t->text_len, t->logprob, t->top, t->n_top);
+  return 0;
+}
+
+static int job_init(srv *S, job *j, char *err, size_t cap) {
+  j->gp.stop = j->n_stop ? (const char *const *)j->stop : NULL;
+  j->gp.n_stop = j->n_stop;
+  j->gp.prefill_chunk = S->o.prefill_chunk > 0 ? S->o.prefill_chunk : 64;
+  j->gp.forward = fwd;
+  j->gp.forward_user = j;
   j->s = glm53_session_new(S->m, S->o.ctx);
-  if (j->s) j->sm = stop_new(&sc);
-  if (j->sm) j->smp = sampler_new(&j->gp.sp, V);
-  if (j->smp) j->ts = tok_stream_new(S->tok, 0);
-  if (!j->ts) {
+  if (j->s) j->g = gen_begin(j->s, S->tok, j->prompt, j->n_prompt, &j->gp, on_token, j);
+  if (!j->g) {
     snprintf(err, cap, "cannot start the request: %s", glm53_last_error());
     return -1;
   }
-  j->logits = xmalloc((size_t)V * sizeof(float));
-  j->tcap = 256;
-  j->tbuf = xmalloc(j->tcap);
   api_stream_begin(S, j);
   return 0;
 }
 
 static void job_cleanup(job *j) {
+  gen_end(j->g);
   glm53_session_free(j->s);
-  stop_free(j->sm);
-  sampler_free(j->smp);
-  tok_stream_free(j->ts);
-  free(j->logits);
-  free(j->tbuf);
-  j->s = NULL; j->sm = NULL; j->smp = NULL; j->ts = NULL; j->logits = NULL; j->tbuf = NULL;
-}
-
-/* Releases the held-back text at the end (not after a stop-string match). */
-static void flush_text(srv *S, job *j) {
-  const char *out;
-  size_t n = 0;
-  int k = tok_stream_flush(j->ts, j->tbuf, j->tcap);
-  if (k > 0) {
-    if (stop_feed(j->sm, j->tbuf, (size_t)k, &out, &n)) {
-      if (n) api_emit_token(S, j, -1, out, n, 0, NULL, 0);
-      return;
-    }
-    if (n) api_emit_token(S, j, -1, out, n, 0, NULL, 0);
-  }
-  stop_flush(j->sm, &out, &n);
-  if (n) api_emit_token(S, j, -1, out, n, 0, NULL, 0);
-}
-
-/* Samples from j->logits and emits. Returns NULL (go on) or the finish reason. */
-static const char *sample_emit(srv *S, job *j, char *err, size_t cap) {
-  token_logprob top[SAMPLER_MAX_LOGPROBS];
-  float lp = 0;
-  int32_t t = sampler_sample(j->smp, j->logits, j->n_top > 0 ? top : NULL, &lp);
-  if (t < 0) {
-    snprintf(err, cap, "sampling failed: %s", glm53_last_error());
-    return "error";
-  }
-  if (j->n_gen++ == 0) {
-    j->t_first = now_sec();
-    met_observe(&S->met, &S->met.ttft, j->t_first - j->t_arrive);
-  }
-  sampler_accept(j->smp, t);
-  stop_reason r = stop_token(j->sm, t);
-  if (r == STOP_TOKEN) { flush_text(S, j); return "stop"; }
-  size_t blen = 0;
-  int k = 0;
-  if (tok_token_bytes(S->tok, t, &blen)) { /* ids without a tokenizer entry give no text */
-    if (blen + 16 > j->tcap) {
-      j->tcap = blen + 16;
-      j->tbuf = xrealloc(j->tbuf, j->tcap);
-    }
-    k = tok_stream_push(j->ts, t, j->tbuf, j->tcap);
-    if (k < 0) k = 0;
-  }
-  const char *out;
-  size_t n = 0;
-  int matched = stop_feed(j->sm, j->tbuf, (size_t)k, &out, &n);
-  api_emit_token(S, j, t, out, n, lp, j->n_top > 0 ? top : NULL, j->n_top);
-  if (matched) return "stop";
-  if (r == STOP_LENGTH || glm53_session_pos(j->s) + 1 >= S->o.ctx) { flush_text(S, j); return "length"; }
-  j->last = t;
-  return NULL;
+  j->g = NULL;
+  j->s = NULL;
 }
 
 /* Advances j by one prefill chunk or one decode token. Returns NULL while it
  * goes on, else the finish reason ("stop", "length", "error"). */
 static const char *job_step(srv *S, job *j, char *err, size_t cap) {
-  if (j->state == JOB_QUEUED) {
-    if (job_init(S, j, err, cap)) return "error";
-    j->state = JOB_PREFILL;
+  if (!j->g && job_init(S, j, err, cap)) return "error";
+  int rc = gen_step(j->g);
+  const gen_result *r = gen_result_of(j->g);
+  j->fed = r->n_prompt_fed;
+  j->n_gen = r->n_generated;
+  if (rc > 0) return NULL;
+  if (rc < 0) {
+    snprintf(err, cap, "%s", glm53_last_error());
+    return "error";
   }
-  if (j->state == JOB_PREFILL) {
-    int chunk = S->o.prefill_chunk > 0 ? S->o.prefill_chunk : 64;
-    int len = j->n_prompt - j->fed < chunk ? j->n_prompt - j->fed : chunk;
-    int last = j->fed + len == j->n_prompt;
-    if (fwd(S, j, j->prompt + j->fed, len, last ? j->logits : NULL, err, cap)) return "error";
-    j->fed += len;
-    if (!last) return NULL;
-    for (int i = 0; i < j->n_prompt; i++) sampler_accept(j->smp, j->prompt[i]);
-    j->state = JOB_DECODE;
-    return sample_emit(S, j, err, cap);
-  }
-  if (fwd(S, j, &j->last, 1, j->logits, err, cap)) return "error";
-  return sample_emit(S, j, err, cap);
+  return r->finish == GEN_LENGTH ? "length" : r->finish == GEN_CANCELLED ? "cancelled" : "stop";
 }
 
 static void job_end(srv *S, job *j, const char *finish, const char *err) {

@@ -11,7 +11,6 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-enum { JOB_QUEUED, JOB_PREFILL, JOB_DECODE, JOB_DONE };
 enum { SPLIT_REASONING, SPLIT_CONTENT, SPLIT_TOOLS }; /* chat stream splitter mode */
 
 typedef struct job {
@@ -31,16 +30,9 @@ typedef struct job {
   struct srv *srv;
 
   /* ---- scheduler-thread state (no lock) ---- */
-  int state;
   glm53_session *s;
-  sampler *smp;
-  stop_matcher *sm;
-  tok_stream *ts;
-  float *logits;
-  char *tbuf;             /* token text scratch */
-  size_t tcap;
+  gen_state *g;           /* the shared generation loop, stepped by the scheduler */
   int fed, n_gen, fell_back;
-  int32_t last;           /* last sampled token, fed at the next step */
   double t_arrive, t_first;
   sbuf text;              /* all emitted text (chat: parsed at the end) */
   sbuf split_pending;     /* chat streaming: text held back at a possible tag */
