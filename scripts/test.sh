@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command (README, CI): installs dependencies, builds twice
-# (optimised, and ASan+UBSan) and runs the whole CTest suite on both.
+# (optimised, and ASan+UBSan) and runs the whole CTest suite on both, then
+# compiles the GPU backends (scripts/test_gpu_builds.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/deps.sh
@@ -15,3 +16,4 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DGLM53_SANITIZE=ON >/dev/null
 cmake --build build-asan -j"$JOBS"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-asan --output-on-failure -j"$JOBS" --timeout 1800 -LE no_asan
+./scripts/test_gpu_builds.sh

@@ -1,0 +1,753 @@
+/* The gpu backend: weight upload (model_init), device-resident session
+ * caches (session_init) and the forward, which mirrors src/model/forward.c
+ * step for step with the device kernels of src/gpu/kernels. One stream; the
+ * only host round trips are the token upload, the logits download and, for
+ * prefill chunks of >= gk_gemm_min() tokens, the routed-expert ids (to group
+ * tokens per expert for cuBLAS). Forwards are serialised by a mutex because
+ * the GEMM scratch buffers are shared. */
+#include "gpu/glm53_gpu.h"
+#include "gpu/kernels/gk.h"
+#include "gpu/gpu_internal.h"
+#include "model/model.h"
+#include "model/session.h"
+#include "core/err.h"
+#include "core/log.h"
+#include "core/util.h"
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+typedef struct { gpu_mat gate, up, down; } gmlp;
+typedef struct {
+  gpu_mat q, k, v, fa, fb, b, ga, gb, o;
+  float *conv, *dt_bias, *A_log, *o_norm;
+} gkda;
+typedef struct {
+  gpu_mat q_a, q_b, kv_a, kv_b, o;
+  gpu_mla_heads heads; /* W_UK^T / W_UV per head */
+  float *q_a_norm, *kv_a_norm;
+  int has_idx;
+  gpu_mat wq_b, wk, wproj, gate;
+  float *knw, *knb, *ape;
+} gmla;
+typedef struct {
+  gpu_mat fn;
+  float *base, *scale;
+} ghc;
+typedef struct {
+  float *in_norm, *post_norm;
+  ghc hc[2];
+  gkda kda;
+  gmla mla;
+  gmlp dense;
+  gpu_mat router;
+  float *bias;
+  gpu_mat *h_exp;  /* host copy of the [E][3] expert matrices (device pointers) */
+  gpu_mat *d_exp;  /* the same array on the device, for the decode expert GEMV */
+  int efmt;
+  gmlp shared;
+} glayer;
+
+typedef struct {
+  gpu_mat embed, lm_head;
+  float *final_norm;
+  glayer *layers;
+  void **allocs;
+  int nallocs, cap;
+  size_t bytes;
+} gmodel;
+
+typedef struct {
+  float *conv, *S;                        /* KDA */
+  float *latent, *ik, *is, *pool;         /* MLA + indexer */
+} glstate;
+
+typedef struct {
+  glstate *ls;
+  void **allocs;
+  int nallocs, cap;
+  void *arena;   /* activations, sized for arena_T tokens */
+  int arena_T;
+  size_t arena_bytes;
+  float *dlogits; /* logits rows, sized for dlogits_rows */
+  int dlogits_rows;
+  void *graph;        /* captured single-token decode step (off with GLM53_GPU_GRAPH=0) */
+  unsigned graph_gen; /* gk_scratch_gen() at capture */
+  int graph_warm;     /* one uncaptured step ran with the current buffers */
+  int graph_off;      /* capture failed once: direct launches from then on */
+  int maxpool;
+} gsession;
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* GLM53_GPU_PROFILE=1: synchronise around each stage and accumulate wall
+ * time per stage (bench/gpu prints it; adds a sync per stage, so totals
+ * run slower than unprofiled) */
+enum { PR_EMBED, PR_MHC, PR_KDA, PR_MLA, PR_IDX, PR_DENSE, PR_MOE, PR_HEAD, PR_N };
+static const char *pr_names[PR_N] = {"embed", "mhc", "kda", "mla", "indexer", "dense mlp", "moe", "final+lm_head"};
+static double pr_sec[PR_N];
+static int pr_on = -1; /* set by the first pr_mark, which precedes any use */
+static double pr_t;
+static void pr_mark(int stage) {
+  if (pr_on < 0) pr_on = getenv("GLM53_GPU_PROFILE") && !strcmp(getenv("GLM53_GPU_PROFILE"), "1");
+  if (!pr_on) return;
+  gk_sync();
+  double t = now_sec();
+  if (stage >= 0) pr_sec[stage] += t - pr_t;
+  pr_t = t;
+}
+void glm53_gpu_profile_dump(const char *label) {
+  if (pr_on != 1) return;
+  double tot = 0;
+  for (int i = 0; i < PR_N; i++) tot += pr_sec[i];
+  printf("profile %s:", label);
+  for (int i = 0; i < PR_N; i++) printf(" %s %.2f ms (%.0f%%);", pr_names[i], pr_sec[i] * 1e3, 100 * pr_sec[i] / (tot > 0 ? tot : 1));
+  printf("\n");
+  memset(pr_sec, 0, sizeof pr_sec);
+}
+static gk_devinfo g_info;
+static int g_info_state; /* 0 unknown, 1 ok, -1 none */
+static char g_info_why[256];
+static char g_desc[512];
+
+/* ---------------- device discovery ---------------- */
+int glm53_gpu_available(char *why, size_t whylen) {
+  pthread_mutex_lock(&g_lock);
+  if (!g_info_state) {
+    if (gk_init(&g_info) == 0) g_info_state = 1;
+    else {
+      g_info_state = -1;
+      snprintf(g_info_why, sizeof g_info_why, "%s", gk_error());
+    }
+  }
+  int ok = g_info_state == 1;
+  pthread_mutex_unlock(&g_lock);
+  if (!ok && why) snprintf(why, whylen, "%s", g_info_why);
+  return ok;
+}
+
+const char *glm53_gpu_device_desc(void) {
+  char why[256];
+  if (!glm53_gpu_available(why, sizeof why)) snprintf(g_desc, sizeof g_desc, "no GPU: %s", why);
+  else
+    snprintf(g_desc, sizeof g_desc, "%s (%s, %d SMs, %.1f GiB, %.1f GiB free, %d device%s)", g_info.name, g_info.arch,
+             g_info.sm_count, g_info.mem_total / 1073741824.0, g_info.mem_free / 1073741824.0, g_info.count,
+             g_info.count > 1 ? "s" : "");
+  return g_desc;
+}
+
+/* ---------------- allocation bookkeeping ---------------- */
+static void *track(void ***list, int *n, int *cap, void *p) {
+  if (!p) return NULL;
+  if (*n == *cap) {
+    *cap = *cap ? *cap * 2 : 256;
+    *list = xrealloc(*list, (size_t)*cap * sizeof(void *));
+  }
+  (*list)[(*n)++] = p;
+  return p;
+}
+static void *mdev(gmodel *g, size_t n) {
+  void *p = track(&g->allocs, &g->nallocs, &g->cap, gk_malloc(n));
+  if (p) g->bytes += n;
+  return p;
+}
+
+static void *mdev_cb(void *ctx, size_t n) { return mdev(ctx, n); }
+
+static size_t mat_data_bytes(const wmat *w) {
+  size_t n = (size_t)w->rows * w->cols;
+  switch (w->fmt) {
+  case WMAT_F32: return n * 4;
+  case WMAT_BF16: return n * 2;
+  case WMAT_Q8: return n;
+  case WMAT_Q4: return (n + 1) / 2;
+  default: return 0;
+  }
+}
+
+static int up_mat(gmodel *g, const wmat *w, gpu_mat *o) {
+  memset(o, 0, sizeof *o);
+  if (w->fmt == WMAT_NONE) return 0;
+  if (w->fmt < WMAT_F32 || w->fmt > WMAT_Q4) return glm53_err("gpu: weight format %d not supported", w->fmt);
+  o->fmt = w->fmt; o->rows = w->rows; o->cols = w->cols; o->group = w->group; o->scale_bf16 = w->scale_bf16;
+  size_t nb = mat_data_bytes(w);
+  void *d = mdev(g, nb);
+  if (!d || gk_h2d(d, w->data, nb)) return glm53_err("gpu: %s", gk_error());
+  o->d = d;
+  if (w->fmt == WMAT_Q8 || w->fmt == WMAT_Q4) {
+    if (w->group <= 0 || w->cols % w->group) return glm53_err("gpu: quantized matrix with group %d not dividing %d columns", w->group, w->cols);
+    size_t sb = (size_t)w->rows * (w->cols / w->group) * 2;
+    void *s = mdev(g, sb);
+    if (!s || gk_h2d(s, w->scales, sb)) return glm53_err("gpu: %s", gk_error());
+    o->s = s;
+  }
+  return 0;
+}
+static float *up_vec(gmodel *g, const float *v, size_t n, int *rc) {
+  if (!v) return NULL;
+  float *d = mdev(g, n * sizeof(float));
+  if (!d || gk_h2d(d, v, n * sizeof(float))) *rc = glm53_err("gpu: %s", gk_error());
+  return d;
+}
+static int up_mlp(gmodel *g, const mlp_weights *w, gmlp *o) {
+  return up_mat(g, &w->gate, &o->gate) || up_mat(g, &w->up, &o->up) || up_mat(g, &w->down, &o->down) ? -1 : 0;
+}
+
+int gpu_mla_split(int T, int max_ctx, int K, int P, int *chunk) {
+  *chunk = T < gk_gemm_min() ? 256 : 0;
+  if (!*chunk) return 1;
+  int maxN = max_ctx < (K + 1) * P ? max_ctx : (K + 1) * P; /* bound of any query's selection */
+  return (maxN + *chunk - 1) / *chunk;
+}
+
+int gpu_build_mla_heads(const wmat *w, const gpu_mat *dkvb, int H, int nope, int vd, void *(*alloc)(void *ctx, size_t n),
+                        void *ctx, gpu_mla_heads *out) {
+  const int kl = w->cols, f32 = w->fmt == WMAT_F32;
+  const size_t es = f32 ? 4 : 2, per = (size_t)kl * nope;
+  memset(out, 0, sizeof *out);
+  out->uk_h = xcalloc((size_t)H, sizeof(gpu_mat));
+  out->uv_h = xcalloc((size_t)H, sizeof(gpu_mat));
+  void *buf = alloc(ctx, (size_t)H * per * es);
+  out->uk_d = alloc(ctx, (size_t)H * sizeof(gpu_mat));
+  out->uv_d = alloc(ctx, (size_t)H * sizeof(gpu_mat));
+  if (!buf || !out->uk_d || !out->uv_d) return glm53_err("gpu: %s", gk_error());
+  char *host = xmalloc((size_t)H * per * es);
+  float *row = xmalloc((size_t)kl * sizeof(float));
+  for (int h = 0; h < H; h++)
+    for (int i = 0; i < nope; i++) {
+      wmat_get_row(w, h * (nope + vd) + i, row);
+      for (int j = 0; j < kl; j++) {
+        size_t at = (size_t)h * per + (size_t)j * nope + i;
+        if (f32) ((float *)host)[at] = row[j];
+        else ((uint16_t *)host)[at] = f32_to_bf16(row[j]);
+      }
+    }
+  int rc = gk_h2d(buf, host, (size_t)H * per * es);
+  free(host);
+  free(row);
+  if (rc) return glm53_err("gpu: %s", gk_error());
+  const size_t ng = w->fmt >= WMAT_Q8 ? (size_t)kl / w->group : 0;
+  for (int h = 0; h < H; h++) {
+    gpu_mat *u = &out->uk_h[h], *v = &out->uv_h[h];
+    u->fmt = f32 ? WMAT_F32 : WMAT_BF16; u->rows = kl; u->cols = nope;
+    u->d = (const char *)buf + (size_t)h * per * es;
+    size_t r0 = (size_t)h * (nope + vd) + nope; /* first W_UV row of head h */
+    *v = *dkvb;
+    v->rows = vd;
+    size_t off = w->fmt == WMAT_F32 ? r0 * kl * 4 : w->fmt == WMAT_BF16 ? r0 * kl * 2 : w->fmt == WMAT_Q8 ? r0 * kl : r0 * kl / 2;
+    v->d = (const char *)dkvb->d + off;
+    if (ng) v->s = (const char *)dkvb->s + r0 * ng * 2;
+  }
+  if (gk_h2d(out->uk_d, out->uk_h, (size_t)H * sizeof(gpu_mat)) || gk_h2d(out->uv_d, out->uv_h, (size_t)H * sizeof(gpu_mat)))
+    return glm53_err("gpu: %s", gk_error());
+  return 0;
+}
+
+/* Limits of the device kernels; an unsupported config fails model_init so
+ * that "auto" falls back to the cpu backend. */
+static int check_dims(const glm53_config *c) {
+  if (c->hc_mult > 16) return glm53_err("gpu: hc_mult %d above 16", c->hc_mult);
+  if (c->kv_lora_rank > 512) return glm53_err("gpu: kv_lora_rank %d above 512", c->kv_lora_rank);
+  if (c->linear_head_dim > 256) return glm53_err("gpu: linear_head_dim %d above 256", c->linear_head_dim);
+  if (c->n_routed_experts > 512 || c->n_group > 64 || c->num_experts_per_tok > 64)
+    return glm53_err("gpu: MoE shape (%d experts, %d groups, top-%d) above the router kernel's bounds", c->n_routed_experts,
+                     c->n_group, c->num_experts_per_tok);
+  if (c->index_kpool > 64) return glm53_err("gpu: index_kpool %d above 64", c->index_kpool);
+  if (c->qk_rope_head_dim != 0) return glm53_err("gpu: qk_rope_head_dim must be 0");
+  return 0;
+}
+
+static void gpu_model_free(glm53_model *m) {
+  gmodel *g = m->backend_model;
+  if (!g) return;
+  for (int i = 0; i < g->nallocs; i++) gk_free(g->allocs[i]);
+  if (g->layers)
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
+      free(g->layers[l].h_exp);
+      free(g->layers[l].mla.heads.uk_h);
+      free(g->layers[l].mla.heads.uv_h);
+    }
+  free(g->allocs);
+  free(g->layers);
+  free(g);
+  m->backend_model = NULL;
+}
+
+static int upload(glm53_model *m, gmodel *g) {
+  const glm53_config *c = &m->cfg;
+  const int D = c->hidden_size, hc = c->hc_mult, mix = (2 + hc) * hc;
+  int rc = 0;
+  if (up_mat(g, &m->embed, &g->embed) || up_mat(g, &m->lm_head, &g->lm_head)) return -1;
+  g->final_norm = up_vec(g, m->final_norm, D, &rc);
+  g->layers = xcalloc((size_t)c->num_hidden_layers, sizeof(glayer));
+  for (int l = 0; l < c->num_hidden_layers && !rc; l++) {
+    const layer_weights *L = &m->layers[l];
+    glayer *G = &g->layers[l];
+    G->in_norm = up_vec(g, L->input_norm, D, &rc);
+    G->post_norm = up_vec(g, L->post_attn_norm, D, &rc);
+    const mhc_weights *hs[2] = {&L->hc_attn, &L->hc_ffn};
+    for (int i = 0; i < 2; i++) {
+      wmat fn = {.fmt = WMAT_F32, .rows = mix, .cols = hc * D, .data = hs[i]->fn};
+      if (up_mat(g, &fn, &G->hc[i].fn)) return -1;
+      G->hc[i].base = up_vec(g, hs[i]->base, mix, &rc);
+      G->hc[i].scale = up_vec(g, hs[i]->scale, 3, &rc);
+    }
+    if (L->attn_kind == ATTN_KDA) {
+      const kda_weights *k = &L->kda;
+      gkda *o = &G->kda;
+      int inner = c->linear_num_heads * c->linear_head_dim;
+      if (up_mat(g, &k->q_proj, &o->q) || up_mat(g, &k->k_proj, &o->k) || up_mat(g, &k->v_proj, &o->v) ||
+          up_mat(g, &k->f_a, &o->fa) || up_mat(g, &k->f_b, &o->fb) || up_mat(g, &k->b_proj, &o->b) ||
+          up_mat(g, &k->g_a, &o->ga) || up_mat(g, &k->g_b, &o->gb) || up_mat(g, &k->o_proj, &o->o))
+        return -1;
+      o->conv = up_vec(g, k->conv, (size_t)3 * inner * c->linear_conv_kernel_dim, &rc);
+      o->dt_bias = up_vec(g, k->dt_bias, inner, &rc);
+      o->A_log = up_vec(g, k->A_log, c->linear_num_heads, &rc);
+      o->o_norm = up_vec(g, k->o_norm, c->linear_head_dim, &rc);
+    } else {
+      const mla_weights *a = &L->mla;
+      gmla *o = &G->mla;
+      if (up_mat(g, &a->q_a, &o->q_a) || up_mat(g, &a->q_b, &o->q_b) || up_mat(g, &a->kv_a, &o->kv_a) ||
+          up_mat(g, &a->kv_b, &o->kv_b) || up_mat(g, &a->o_proj, &o->o))
+        return -1;
+      if (a->kv_b.fmt >= WMAT_Q8 && a->kv_b.group % 8)
+        return glm53_err("gpu: kv_b quantization group %d not a multiple of 8", a->kv_b.group);
+      if (gpu_build_mla_heads(&a->kv_b, &o->kv_b, c->num_attention_heads, c->qk_nope_head_dim, c->v_head_dim, mdev_cb, g,
+                              &o->heads))
+        return -1;
+      o->q_a_norm = up_vec(g, a->q_a_norm, c->q_lora_rank, &rc);
+      o->kv_a_norm = up_vec(g, a->kv_a_norm, c->kv_lora_rank, &rc);
+      o->has_idx = a->has_indexer;
+      if (a->has_indexer) {
+        const indexer_weights *x = &a->idx;
+        int hd = c->index_head_dim;
+        if (up_mat(g, &x->wq_b, &o->wq_b) || up_mat(g, &x->wk, &o->wk) || up_mat(g, &x->weights_proj, &o->wproj) ||
+            up_mat(g, &x->gate, &o->gate))
+          return -1;
+        o->knw = up_vec(g, x->k_norm_w, hd, &rc);
+        o->knb = up_vec(g, x->k_norm_b, hd, &rc);
+        o->ape = up_vec(g, x->ape, (size_t)c->index_kpool * hd, &rc);
+      }
+    }
+    if (L->mlp_kind == MLP_DENSE) {
+      if (up_mlp(g, &L->dense, &G->dense)) return -1;
+    } else {
+      const moe_weights *e = &L->moe;
+      const int E = c->n_routed_experts;
+      if (up_mat(g, &e->router, &G->router) || up_mlp(g, &e->shared, &G->shared)) return -1;
+      G->bias = up_vec(g, e->bias, E, &rc);
+      G->h_exp = xcalloc((size_t)E * 3, sizeof(gpu_mat));
+      for (int i = 0; i < E; i++) {
+        gmlp x;
+        if (up_mlp(g, &e->experts[i], &x)) return -1;
+        G->h_exp[i * 3] = x.gate; G->h_exp[i * 3 + 1] = x.up; G->h_exp[i * 3 + 2] = x.down;
+      }
+      G->efmt = G->h_exp[0].fmt;
+      for (int i = 0; i < E * 3; i++) {
+        const gpu_mat *x = &G->h_exp[i];
+        if (x->fmt != G->efmt) return glm53_err("gpu: layer %d mixes expert weight formats", l);
+        if (x->fmt >= WMAT_Q8 && x->group % 8) return glm53_err("gpu: expert quantization group %d not a multiple of 8", x->group);
+      }
+      G->d_exp = mdev(g, (size_t)E * 3 * sizeof(gpu_mat));
+      if (!G->d_exp || gk_h2d(G->d_exp, G->h_exp, (size_t)E * 3 * sizeof(gpu_mat))) return glm53_err("gpu: %s", gk_error());
+    }
+  }
+  return rc;
+}
+
+static int gpu_model_init(glm53_model *m) {
+  char why[256];
+  if (!glm53_gpu_available(why, sizeof why)) return glm53_err("%s", why);
+  if (check_dims(&m->cfg)) return -1;
+  const char *skip = getenv("GLM53_GPU_SKIP_SELFTEST");
+  if (!(skip && !strcmp(skip, "1"))) {
+    gpu_check chk[64];
+    int n = glm53_gpu_selftest(0x5eed, chk, 64);
+    if (n < 0) return glm53_err("gpu startup validation: device error: %s", gk_error());
+    for (int i = 0; i < n; i++)
+      if (!chk[i].ok)
+        return glm53_err("gpu startup validation failed: %s error %.3g above tolerance %.3g", chk[i].name, chk[i].err, chk[i].tol);
+  }
+  gmodel *g = xcalloc(1, sizeof *g);
+  m->backend_model = g;
+  double t0 = now_sec();
+  if (upload(m, g)) {
+    glm53_err_ctx("gpu weight upload");
+    gpu_model_free(m);
+    return -1;
+  }
+  LOG_INFO("gpu: %s; %.2f GB of weights resident in %.2f s", glm53_gpu_device_desc(), g->bytes / 1e9, now_sec() - t0);
+  return 0;
+}
+
+/* ---------------- sessions ---------------- */
+static void *sdev(gsession *s, size_t n) {
+  void *p = track(&s->allocs, &s->nallocs, &s->cap, gk_malloc(n));
+  if (p) gk_memset(p, 0, n);
+  return p;
+}
+
+static void gpu_session_free(glm53_session *ss) {
+  gsession *s = ss->backend_state;
+  if (!s) return;
+  for (int i = 0; i < s->nallocs; i++) gk_free(s->allocs[i]);
+  gk_free(s->arena);
+  gk_free(s->dlogits);
+  gk_graph_free(s->graph);
+  free(s->allocs);
+  free(s->ls);
+  free(s);
+  ss->backend_state = NULL;
+}
+
+static int gpu_session_init(glm53_session *ss) {
+  const glm53_config *c = &ss->m->cfg;
+  gsession *s = xcalloc(1, sizeof *s);
+  ss->backend_state = s;
+  s->ls = xcalloc((size_t)c->num_hidden_layers, sizeof(glstate));
+  s->maxpool = ss->max_ctx / c->index_kpool + 1;
+  size_t inner = (size_t)c->linear_num_heads * c->linear_head_dim, hd = c->index_head_dim;
+  int bad = 0;
+  for (int l = 0; l < c->num_hidden_layers && !bad; l++) {
+    glstate *st = &s->ls[l];
+    if (c->layer_types[l] == ATTN_KDA) {
+      bad |= !(st->conv = sdev(s, (size_t)(c->linear_conv_kernel_dim - 1) * 3 * inner * sizeof(float) + 4));
+      bad |= !(st->S = sdev(s, inner * c->linear_head_dim * sizeof(float)));
+    } else {
+      bad |= !(st->latent = sdev(s, (size_t)ss->max_ctx * c->kv_lora_rank * sizeof(float)));
+      if (c->indexer_types[l] == INDEX_FULL) {
+        bad |= !(st->ik = sdev(s, (size_t)ss->max_ctx * hd * sizeof(float)));
+        bad |= !(st->is = sdev(s, (size_t)ss->max_ctx * hd * sizeof(float)));
+        bad |= !(st->pool = sdev(s, (size_t)s->maxpool * hd * sizeof(float)));
+      }
+    }
+  }
+  if (bad) {
+    glm53_err("gpu session (context %d): %s", ss->max_ctx, gk_error());
+    gpu_session_free(ss);
+    return -1;
+  }
+  return 0;
+}
+
+static void gpu_session_reset(glm53_session *ss) {
+  gsession *s = ss->backend_state;
+  const glm53_config *c = &ss->m->cfg;
+  size_t inner = (size_t)c->linear_num_heads * c->linear_head_dim;
+  for (int l = 0; l < c->num_hidden_layers; l++)
+    if (s->ls[l].S) {
+      gk_memset(s->ls[l].conv, 0, (size_t)(c->linear_conv_kernel_dim - 1) * 3 * inner * sizeof(float));
+      gk_memset(s->ls[l].S, 0, inner * c->linear_head_dim * sizeof(float));
+    }
+}
+
+/* ---------------- activations arena ---------------- */
+typedef struct {
+  float *X, *mixraw, *post, *comb, *y, *a;
+  float *raw, *qkv, *fa, *g, *beta, *z, *o;                  /* KDA */
+  float *r, *q, *ckv, *iq, *iw, *kk, *mo, *score, *qt, *ob, *apart; /* MLA */
+  int *dense, *npools, *tail, *pools;
+  float *logits, *wt, *sg, *su, *pg, *pu, *eo, *xin, *xg, *xu, *xo; /* MoE */
+  int *idx, *prow, *trow;
+  float *dg, *du, *h;
+  int32_t *tok;
+} acts;
+
+static size_t carve(char *base, size_t *off, size_t n, void **p) {
+  *off = (*off + 255) & ~(size_t)255;
+  if (base) *p = base + *off;
+  *off += n;
+  return *off;
+}
+
+static size_t layout(const glm53_config *c, int T, int maxpool, int max_ctx, char *base, acts *A) {
+  size_t off = 0;
+  const size_t D = c->hidden_size, hc = c->hc_mult, mix = (2 + hc) * hc, Tz = T;
+  const size_t inner = (size_t)c->linear_num_heads * c->linear_head_dim, lhd = c->linear_head_dim;
+  const size_t H = c->num_attention_heads, K = c->index_topk / c->index_kpool > 0 ? c->index_topk / c->index_kpool : 1;
+  const size_t E = c->n_routed_experts, k = c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1;
+  const size_t I = c->moe_intermediate_size, Is = I * (c->n_shared_experts > 0 ? c->n_shared_experts : 1);
+  const size_t F = sizeof(float);
+#define C_(f, n) carve(base, &off, (n), (void **)&A->f)
+  C_(X, Tz * hc * D * F); C_(mixraw, Tz * mix * F); C_(post, Tz * hc * F); C_(comb, Tz * hc * hc * F);
+  C_(y, Tz * D * F); C_(a, Tz * D * F);
+  C_(raw, Tz * 3 * inner * F); C_(qkv, Tz * 3 * inner * F); C_(fa, Tz * lhd * F); C_(g, Tz * inner * F);
+  C_(beta, Tz * c->linear_num_heads * F); C_(z, Tz * inner * F); C_(o, Tz * inner * F);
+  C_(r, Tz * c->q_lora_rank * F); C_(q, Tz * H * c->qk_nope_head_dim * F); C_(ckv, Tz * c->kv_lora_rank * F);
+  C_(iq, Tz * c->index_n_heads * c->index_head_dim * F); C_(iw, Tz * c->index_n_heads * F);
+  C_(kk, Tz * c->index_head_dim * F); C_(mo, Tz * H * c->v_head_dim * F); C_(score, Tz * maxpool * F);
+  C_(qt, Tz * H * c->kv_lora_rank * F); C_(ob, Tz * H * c->kv_lora_rank * F);
+  {
+    /* split partials exist only for chunks below gk_gemm_min() tokens,
+     * whatever size the arena was first made for; pos0 = max_ctx bounds
+     * the number of splits */
+    int Ts = T < gk_gemm_min() ? T : gk_gemm_min() - 1, chunk;
+    int ns = Ts > 0 ? gpu_mla_split(Ts, max_ctx, (int)K, c->index_kpool, &chunk) : 1;
+    (void)chunk;
+    C_(apart, (size_t)(Ts > 0 ? Ts : 1) * H * ns * (c->kv_lora_rank + 2) * F);
+  }
+  C_(dense, Tz * 4); C_(npools, Tz * 4); C_(tail, Tz * 4); C_(pools, Tz * K * 4);
+  C_(logits, Tz * (E > 0 ? E : 1) * F); C_(idx, Tz * k * 4); C_(wt, Tz * k * F); C_(prow, Tz * k * 4); C_(trow, Tz * k * 4);
+  C_(sg, Tz * Is * F); C_(su, Tz * Is * F);
+  C_(pg, Tz * k * I * F); C_(pu, Tz * k * I * F); C_(eo, Tz * k * D * F);
+  C_(xin, Tz * D * F); C_(xg, Tz * I * F); C_(xu, Tz * I * F); C_(xo, Tz * D * F);
+  C_(dg, Tz * c->intermediate_size * F); C_(du, Tz * c->intermediate_size * F);
+  C_(h, Tz * D * F); C_(tok, (Tz + 1) * 4); /* tokens, then pos0 */
+#undef C_
+  return off;
+}
+
+static int ensure_arena(glm53_session *ss, int T, acts *A) {
+  gsession *s = ss->backend_state;
+  const glm53_config *c = &ss->m->cfg;
+  int want = T > s->arena_T ? T : s->arena_T;
+  /* the layout also depends on gk_gemm_min() (split partials), which tests change */
+  size_t need = layout(c, want, s->maxpool, ss->max_ctx, NULL, A);
+  if (want > s->arena_T || need > s->arena_bytes) {
+    gk_graph_free(s->graph); /* it points into the old arena */
+    s->graph = NULL;
+    s->graph_warm = 0;
+    gk_free(s->arena);
+    s->arena_T = 0;
+    s->arena_bytes = 0;
+    s->arena = gk_malloc(need);
+    if (!s->arena) return glm53_err("gpu: activations for %d tokens: %s", T, gk_error());
+    s->arena_T = want;
+    s->arena_bytes = need;
+  }
+  layout(c, s->arena_T, s->maxpool, ss->max_ctx, s->arena, A);
+  return 0;
+}
+
+/* ---------------- forward ---------------- */
+#define TRY(x) do { if (x) return -1; } while (0)
+
+static int mlp_dev(const gmlp *w, float limit, const float *y, int T, int D, float *g, float *u, float *out) {
+  const int I = w->gate.rows;
+  TRY(gk_matmul(&w->gate, y, T, D, g, I));
+  TRY(gk_matmul(&w->up, y, T, D, u, I));
+  TRY(gk_swiglu(g, u, (size_t)T * I, limit));
+  return gk_matmul(&w->down, g, T, I, out, D);
+}
+
+static int kda_dev(const glm53_config *c, const gkda *w, glstate *st, acts *A, int T) {
+  const int D = c->hidden_size, H = c->linear_num_heads, hd = c->linear_head_dim, inner = H * hd, ch = 3 * inner;
+  TRY(gk_matmul(&w->q, A->y, T, D, A->raw, ch));
+  TRY(gk_matmul(&w->k, A->y, T, D, A->raw + inner, ch));
+  TRY(gk_matmul(&w->v, A->y, T, D, A->raw + 2 * inner, ch));
+  TRY(gk_kda_conv(A->raw, st->conv, w->conv, T, ch, c->linear_conv_kernel_dim, A->qkv));
+  TRY(gk_kda_prep(A->qkv, T, H, hd, 1.0f / sqrtf((float)hd)));
+  TRY(gk_matmul(&w->fa, A->y, T, D, A->fa, hd));
+  TRY(gk_matmul(&w->fb, A->fa, T, hd, A->g, inner));
+  TRY(gk_kda_gate(A->g, w->dt_bias, w->A_log, T, H, hd, c->linear_lower_bound));
+  TRY(gk_matmul(&w->b, A->y, T, D, A->beta, H));
+  TRY(gk_matmul(&w->ga, A->y, T, D, A->fa, hd));
+  TRY(gk_matmul(&w->gb, A->fa, T, hd, A->z, inner));
+  TRY(gk_kda_recur(st->S, A->qkv, A->g, A->beta, T, H, hd, A->o));
+  TRY(gk_kda_out(A->o, A->z, w->o_norm, T, H, hd, c->rms_norm_eps));
+  return gk_matmul(&w->o, A->o, T, inner, A->a, D);
+}
+
+static int mla_dev(const glm53_config *c, const gmla *w, glstate *st, acts *A, int T, const int *dpos, int maxpool,
+                   int max_ctx) {
+  const int D = c->hidden_size, H = c->num_attention_heads, nope = c->qk_nope_head_dim, vd = c->v_head_dim;
+  const int ql = c->q_lora_rank, kl = c->kv_lora_rank, P = c->index_kpool, K = c->index_topk / c->index_kpool;
+  TRY(gk_matmul(&w->q_a, A->y, T, D, A->r, ql));
+  TRY(gk_rmsnorm(A->r, ql, A->r, ql, w->q_a_norm, T, ql, c->rms_norm_eps));
+  TRY(gk_matmul(&w->q_b, A->r, T, ql, A->q, H * nope));
+  TRY(gk_matmul(&w->kv_a, A->y, T, D, A->ckv, kl));
+  TRY(gk_rmsnorm(A->ckv, kl, A->ckv, kl, w->kv_a_norm, T, kl, c->rms_norm_eps));
+  TRY(gk_store_at(st->latent, dpos, kl, A->ckv, T, kl)); /* latent cache rows pos0.. */
+  pr_mark(PR_MLA);
+  if (w->has_idx) {
+    const int nh = c->index_n_heads, hd = c->index_head_dim;
+    TRY(gk_matmul(&w->wq_b, A->r, T, ql, A->iq, nh * hd));
+    TRY(gk_matmul(&w->wproj, A->y, T, D, A->iw, nh));
+    TRY(gk_matmul(&w->wk, A->y, T, D, A->kk, hd));
+    TRY(gk_layernorm(A->kk, hd, A->kk, hd, w->knw, w->knb, T, hd, 1e-6f));
+    TRY(gk_store_at(st->ik, dpos, hd, A->kk, T, hd));
+    TRY(gk_matmul(&w->gate, A->y, T, D, A->kk, hd));
+    TRY(gk_store_at(st->is, dpos, hd, A->kk, T, hd));
+    TRY(gk_pool_keys(st->ik, st->is, w->ape, dpos, T, P, hd, st->pool));
+    TRY(gk_indexer_scores(A->iq, A->iw, st->pool, T, dpos, P, nh, hd, K, maxpool, A->score));
+    TRY(gk_select(A->score, T, dpos, P, K, maxpool, c->index_kpool_always_select_tail, A->dense, A->npools, A->tail, A->pools));
+    pr_mark(PR_IDX);
+  }
+  /* absorbed attention: q~ = W_UK^T q per head, softmax over the selected
+   * latents, then W_UV per head. The split count depends on the context
+   * bound only, so every decode step launches the same grid. */
+  int chunk, ns = gpu_mla_split(T, max_ctx, K, P, &chunk);
+  TRY(gk_matmul_heads(w->heads.uk_h, w->heads.uk_d, H, A->q, T, nope, A->qt, kl));
+  TRY(gk_mla_attn(A->qt, st->latent, A->dense, A->npools, A->tail, A->pools, T, dpos, H, kl, P, K,
+                  (float)(1.0 / sqrt((double)(nope + c->qk_rope_head_dim))), chunk, ns, A->apart, A->ob));
+  TRY(gk_matmul_heads(w->heads.uv_h, w->heads.uv_d, H, A->ob, T, kl, A->mo, vd));
+  return gk_matmul(&w->o, A->mo, T, H * vd, A->a, D);
+}
+
+static int moe_dev(const glm53_config *c, const glayer *G, acts *A, int T) {
+  const int D = c->hidden_size, E = c->n_routed_experts, k = c->num_experts_per_tok, I = c->moe_intermediate_size;
+  TRY(gk_matmul(&G->router, A->y, T, D, A->logits, E));
+  TRY(gk_moe_route(A->logits, G->bias, T, E, k, c->n_group, c->topk_group, c->norm_topk_prob, c->routed_scaling_factor,
+                   A->idx, A->wt));
+  TRY(mlp_dev(&G->shared, c->swiglu_limit, A->y, T, D, A->sg, A->su, A->a));
+  if (T < gk_gemm_min()) { /* decode: one GEMV launch per projection over all (token, expert) pairs */
+    const int np = T * k;
+    TRY(gk_matmul_experts(G->d_exp, 0, G->efmt, I, D, A->idx, np, k, 1, A->y, D, A->pg, I));
+    TRY(gk_matmul_experts(G->d_exp, 1, G->efmt, I, D, A->idx, np, k, 1, A->y, D, A->pu, I));
+    TRY(gk_swiglu(A->pg, A->pu, (size_t)np * I, c->swiglu_limit));
+    TRY(gk_matmul_experts(G->d_exp, 2, G->efmt, D, I, A->idx, np, k, 0, A->pg, I, A->eo, D));
+  } else { /* prefill: group the pairs by expert on the host, one GEMM per used expert */
+    const int np = T * k;
+    int *idx = xmalloc((size_t)np * sizeof(int)), *cnt = xcalloc((size_t)E + 1, sizeof(int));
+    int *prow = xmalloc((size_t)np * sizeof(int)), *trow = xmalloc((size_t)np * sizeof(int));
+    if (gk_d2h(idx, A->idx, (size_t)np * sizeof(int))) { free(idx); free(cnt); free(prow); free(trow); return -1; }
+    for (int p = 0; p < np; p++)
+      if (idx[p] >= 0) cnt[idx[p] + 1]++;
+    for (int e = 0; e < E; e++) cnt[e + 1] += cnt[e];
+    int *fill = xmalloc((size_t)E * sizeof(int));
+    memcpy(fill, cnt, (size_t)E * sizeof(int));
+    for (int p = 0; p < np; p++)
+      if (idx[p] >= 0) { prow[fill[idx[p]]] = p; trow[fill[idx[p]]++] = p / k; }
+    int rc = gk_h2d(A->prow, prow, (size_t)np * sizeof(int)) || gk_h2d(A->trow, trow, (size_t)np * sizeof(int));
+    for (int e = 0; e < E && !rc; e++) {
+      int n = cnt[e + 1] - cnt[e];
+      if (!n) continue;
+      gmlp x = {G->h_exp[e * 3], G->h_exp[e * 3 + 1], G->h_exp[e * 3 + 2]};
+      rc = gk_gather_rows(A->xin, A->y, A->trow + cnt[e], n, D) ||
+           mlp_dev(&x, c->swiglu_limit, A->xin, n, D, A->xg, A->xu, A->xo) ||
+           gk_scatter_rows(A->eo, A->xo, A->prow + cnt[e], n, D);
+    }
+    free(idx); free(cnt); free(prow); free(trow); free(fill);
+    if (rc) return -1;
+  }
+  return gk_moe_combine(A->a, A->eo, A->idx, A->wt, T, k, D);
+}
+
+static int site(const glm53_config *c, const ghc *hw, const float *norm_w, acts *A, int T) {
+  const int D = c->hidden_size, hc = c->hc_mult, mix = (2 + hc) * hc;
+  TRY(gk_matmul(&hw->fn, A->X, T, hc * D, A->mixraw, mix));
+  return gk_mhc_pre(A->X, A->mixraw, hw->base, hw->scale, norm_w, T, hc, D, c->hc_sinkhorn_iters, c->hc_eps,
+                    c->rms_norm_eps, A->post, A->comb, A->y);
+}
+
+/* The device work of one forward: every launch, no host synchronisation
+ * (a decode step of T < gk_gemm_min() tokens is capturable as a graph).
+ * Logits rows [first, T) go to s->dlogits when n > 0. */
+static int record(glm53_session *ss, acts *A, const int *dpos, int T, int n) {
+  const glm53_model *m = ss->m;
+  const glm53_config *c = &m->cfg;
+  const gmodel *g = m->backend_model;
+  gsession *s = ss->backend_state;
+  const int D = c->hidden_size, hc = c->hc_mult;
+  TRY(gk_embed(&g->embed, A->tok, T, hc, A->X));
+  pr_mark(PR_EMBED);
+  for (int l = 0; l < c->num_hidden_layers; l++) {
+    const glayer *G = &g->layers[l];
+    glstate *st = &s->ls[l];
+    TRY(site(c, &G->hc[0], G->in_norm, A, T));
+    pr_mark(PR_MHC);
+    if (c->layer_types[l] == ATTN_KDA) TRY(kda_dev(c, &G->kda, st, A, T));
+    else TRY(mla_dev(c, &G->mla, st, A, T, dpos, s->maxpool, ss->max_ctx));
+    pr_mark(c->layer_types[l] == ATTN_KDA ? PR_KDA : PR_MLA);
+    TRY(gk_mhc_post(A->X, A->a, A->post, A->comb, T, hc, D));
+    TRY(site(c, &G->hc[1], G->post_norm, A, T));
+    pr_mark(PR_MHC);
+    if (c->mlp_layer_types[l] == MLP_DENSE) TRY(mlp_dev(&G->dense, c->swiglu_limit, A->y, T, D, A->dg, A->du, A->a));
+    else TRY(moe_dev(c, G, A, T));
+    pr_mark(c->mlp_layer_types[l] == MLP_DENSE ? PR_DENSE : PR_MOE);
+    TRY(gk_mhc_post(A->X, A->a, A->post, A->comb, T, hc, D));
+    pr_mark(PR_MHC);
+  }
+  if (n > 0) {
+    TRY(gk_final_norm(A->X, g->final_norm, T - n, T, hc, D, c->rms_norm_eps, A->h));
+    TRY(gk_matmul(&g->lm_head, A->h, n, D, s->dlogits, c->vocab_size));
+  }
+  return 0;
+}
+
+/* decode graph replay: on unless GLM53_GPU_GRAPH=0 */
+static int graphs_enabled(void) {
+  static int on = -1;
+  if (on < 0) on = gk_graphs_supported() && !(getenv("GLM53_GPU_GRAPH") && !strcmp(getenv("GLM53_GPU_GRAPH"), "0"));
+  return on;
+}
+
+static int forward_locked(glm53_session *ss, const int32_t *tokens, int T, float *logits, int all_rows) {
+  const glm53_config *c = &ss->m->cfg;
+  gsession *s = ss->backend_state;
+  acts A;
+  TRY(ensure_arena(ss, T, &A));
+  const int n = logits ? (all_rows ? T : 1) : 0;
+  if (n > s->dlogits_rows) {
+    gk_graph_free(s->graph);
+    s->graph = NULL;
+    s->graph_warm = 0;
+    gk_free(s->dlogits);
+    s->dlogits_rows = 0;
+    if (!(s->dlogits = gk_malloc((size_t)n * c->vocab_size * sizeof(float)))) return -1;
+    s->dlogits_rows = n;
+  }
+  pr_mark(-1);
+  int32_t *up = xmalloc((size_t)(T + 1) * sizeof(int32_t));
+  memcpy(up, tokens, (size_t)T * sizeof(int32_t));
+  up[T] = ss->pos;
+  int rc = gk_h2d(A.tok, up, (size_t)(T + 1) * sizeof(int32_t));
+  free(up);
+  TRY(rc);
+  const int *dpos = A.tok + T;
+  /* decode steps replay one captured graph (launch overhead dominates batch-1
+   * decode); capture after one uncaptured step so no scratch grows inside */
+  const int graph = graphs_enabled() && !s->graph_off && T == 1 && n == 1 && T < gk_gemm_min() && !pr_on;
+  if (graph && s->graph && s->graph_gen == gk_scratch_gen()) {
+    TRY(gk_graph_launch(s->graph));
+  } else if (graph && s->graph_warm) {
+    gk_graph_free(s->graph);
+    s->graph = NULL;
+    void *ex = NULL;
+    int crc = gk_capture_begin();
+    if (!crc) {
+      int rrc = record(ss, &A, dpos, T, n);
+      crc = gk_capture_end(&ex) || rrc;
+    }
+    if (crc) {
+      LOG_WARN("gpu: decode graph capture failed (%s); launching kernels directly", gk_error());
+      gk_graph_free(ex);
+      s->graph_off = 1;
+      gk_sync();
+      TRY(record(ss, &A, dpos, T, n));
+    } else {
+      s->graph = ex;
+      s->graph_gen = gk_scratch_gen();
+      TRY(gk_graph_launch(s->graph));
+    }
+  } else {
+    TRY(record(ss, &A, dpos, T, n));
+    if (graph) s->graph_warm = 1;
+  }
+  if (n > 0) {
+    TRY(gk_d2h(logits, s->dlogits, (size_t)n * c->vocab_size * sizeof(float)));
+    pr_mark(PR_HEAD);
+  }
+  return gk_sync();
+}
+
+static int gpu_forward(glm53_session *ss, const int32_t *tokens, int T, float *logits, int all_rows) {
+  pthread_mutex_lock(&g_lock);
+  int rc = forward_locked(ss, tokens, T, logits, all_rows);
+  pthread_mutex_unlock(&g_lock);
+  if (rc) return glm53_err("gpu backend error: %s", gk_error());
+  return 0;
+}
+
+static const glm53_backend gpu_backend = {
+    .name = "gpu",
+    .model_init = gpu_model_init,
+    .model_free = gpu_model_free,
+    .session_init = gpu_session_init,
+    .session_free = gpu_session_free,
+    .session_reset = gpu_session_reset,
+    .forward = gpu_forward,
+};
+
+const glm53_backend *glm53_gpu_backend(void) { return &gpu_backend; }

@@ -1,0 +1,33 @@
+/* The "gpu" compute backend (CUDA, or HIP through kernels/gpu_compat.h):
+ * every weight resident on one device, per-session caches on the device,
+ * the whole forward on the device; only the logits come back. See
+ * docs/gpu.md. Built only with -DGLM53_CUDA=ON or -DGLM53_HIP=ON. */
+#ifndef GLM53_GPU_H
+#define GLM53_GPU_H
+#include <stddef.h>
+#include <stdint.h>
+#include "model/backend.h"
+
+const glm53_backend *glm53_gpu_backend(void);
+
+/* 1 if a usable device is present; else 0 with the reason in `why`. */
+int glm53_gpu_available(char *why, size_t whylen);
+/* One line describing the device (name, memory, arch), or the reason none. */
+const char *glm53_gpu_device_desc(void);
+
+/* With GLM53_GPU_PROFILE=1: prints the time per forward stage accumulated
+ * since the last dump (stages are synchronised, so slower than unprofiled). */
+void glm53_gpu_profile_dump(const char *label);
+
+/* Startup validation: each device kernel on small random data against the
+ * fp32 CPU reference (src/model/layers.h) or a float64 host loop. */
+typedef struct {
+  char name[48];
+  double err, tol; /* max |gpu - ref| / max |ref| (or mismatches for exact checks) */
+  int ok;
+} gpu_check;
+/* Runs every check with `seed`; fills up to max entries; returns the number
+ * of checks run (failures have ok == 0), or -1 on a device error. */
+int glm53_gpu_selftest(uint64_t seed, gpu_check *out, int max);
+
+#endif

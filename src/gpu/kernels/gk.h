@@ -1,0 +1,134 @@
+/* C interface of the device kernels (the .cu files beside this). Everything here
+ * is callable from C and names no CUDA/HIP type, so src/gpu/glm53_gpu.c
+ * builds with any C compiler. All launches go to one stream, in order; the
+ * functions return 0 or -1 with the reason in gk_error(). Pointers are device
+ * pointers unless named h_*. */
+#ifndef GLM53_GPU_GK_H
+#define GLM53_GPU_GK_H
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A weight matrix on the device, W[rows][cols] (y = W x), in one of the wmat
+ * formats (model/wmat.h numbering: 1 f32, 2 bf16, 3 q8, 4 q4). */
+typedef struct {
+  int fmt, rows, cols, group, scale_bf16, pad_;
+  const void *d;  /* data */
+  const void *s;  /* Q4/Q8 scales, one 16-bit per (row, group) */
+} gpu_mat;
+
+typedef struct {
+  int count;            /* devices visible */
+  char name[128];
+  size_t mem_total, mem_free;
+  int cc_major, cc_minor; /* CUDA compute capability */
+  char arch[64];        /* "sm_90" or the HIP gcnArchName */
+  int sm_count;
+  int hip;
+} gk_devinfo;
+
+const char *gk_error(void);
+/* Select device 0 and describe it; -1 when no usable device. */
+int gk_init(gk_devinfo *info);
+void *gk_malloc(size_t n);          /* NULL + gk_error on failure */
+void gk_free(void *p);
+int gk_h2d(void *d, const void *h, size_t n);
+int gk_d2h(void *h, const void *d, size_t n);
+int gk_d2d(void *d, const void *s, size_t n);
+int gk_memset(void *d, int v, size_t n);
+int gk_sync(void);                  /* waits and reports any launch/async error */
+int gk_check(const char *what);     /* reports the last launch error */
+
+/* ---- linear algebra (gk_gemm.cu) ---- */
+/* Y[n][ldy] (first rows columns) = X[n][ldx] * W^T. Small n uses the
+ * in-house GEMV (per-token arithmetic independent of n, so a token gives the
+ * same bits in prefill and decode); n >= gk_gemm_min() uses cuBLAS. */
+int gk_matmul(const gpu_mat *W, const float *x, int n, int ldx, float *y, int ldy);
+int gk_gemm_min(void);              /* $GLM53_GPU_GEMM_MIN, default 32 */
+void gk_set_gemm_min(int n);        /* tests: n <= 0 restores the default */
+/* Routed experts, small-n path: for pair p (token p / k, slot p % k) with
+ * e = idx[p] >= 0, Y[p] = Wset[e*3 + which] * X[xrow(p)], xrow = p / k when
+ * x_per_token, else p. Pairs with idx < 0 get zeros. */
+int gk_matmul_experts(const gpu_mat *d_wset, int which, int fmt, int rows, int cols, const int *idx, int npairs, int k,
+                      int x_per_token, const float *x, int ldx, float *y, int ldy);
+
+/* Per-head products: for each token t and head h, y[t][h] (ldy_head apart,
+ * rows of W_h) = W_h x[t][h] (ldx_head apart). h_mats / d_mats: the H
+ * matrices on the host / as a device array (same shapes and format). */
+int gk_matmul_heads(const gpu_mat *h_mats, const gpu_mat *d_mats, int H, const float *x, int T, int ldx_head, float *y,
+                    int ldy_head);
+
+/* ---- elementwise / norms (gk_layers.cu) ---- */
+int gk_embed(const gpu_mat *E, const int32_t *tok, int T, int hc, float *X);
+/* y[t] = w * x[t] / rms(x[t]) (w may be NULL) */
+int gk_rmsnorm(float *y, int ldy, const float *x, int ldx, const float *w, int T, int n, float eps);
+int gk_layernorm(float *y, int ldy, const float *x, int ldx, const float *w, const float *b, int T, int n, float eps);
+int gk_swiglu(float *g, const float *u, size_t n, float limit);  /* g = swiglu(g, u) */
+/* mHC site: mixraw[T][mix] = fn . X (unnormalised, from gk_matmul), then
+ * post/comb and y = rmsnorm(sum pre_s X_s) * norm_w. */
+int gk_mhc_pre(const float *X, const float *mixraw, const float *base, const float *scale, const float *norm_w, int T,
+               int hc, int D, int iters, float hc_eps, float rms_eps, float *post, float *comb, float *y);
+int gk_mhc_post(float *X, const float *a, const float *post, const float *comb, int T, int hc, int D);
+/* mean over streams + final rmsnorm for rows [first, T) */
+int gk_final_norm(const float *X, const float *w, int first, int T, int hc, int D, float eps, float *h);
+
+/* ---- KDA ---- */
+int gk_kda_conv(const float *raw, float *conv_state, const float *w, int T, int ch, int K, float *qkv);
+int gk_kda_prep(float *qkv, int T, int H, int hd, float qscale);          /* l2norm q,k (+ scale q) */
+int gk_kda_gate(float *g, const float *dt_bias, const float *A_log, int T, int H, int hd, float lower_bound);
+/* S: [H][dv][dk] (column-major per head); beta_logit [T][H]; o [T][H*dv] */
+int gk_kda_recur(float *S, const float *qkv, const float *g, const float *beta_logit, int T, int H, int hd, float *o);
+int gk_kda_out(float *o, const float *z, const float *w, int T, int H, int hd, float eps);
+
+/* ---- MLA + DSA indexer ---- */
+/* The position of a chunk's first token (pos0) is read on the device from
+ * *dpos, so that a decode step's launches do not depend on the position
+ * (CUDA graph replay). */
+int gk_store_at(float *base, const int *dpos, int stride, const float *src, int T, int n);
+/* pooled keys of the pools the chunk [pos0, pos0+T) completes */
+int gk_pool_keys(const float *ik, const float *is, const float *ape, const int *dpos, int T, int P, int hd, float *pool);
+int gk_indexer_scores(const float *q, const float *w, const float *pool, int T, const int *dpos, int P, int nh, int hd,
+                      int K, int maxpool, float *score);
+/* selection per query: dense[T], npools[T], tail[T], pools[T][K] */
+int gk_select(const float *score, int T, const int *dpos, int P, int K, int maxpool, int always_tail, int *dense,
+              int *npools, int *tail, int *pools);
+/* Attention core over the latent cache: qt [T][H][kl] (queries absorbed
+ * through W_UK) -> ob [T][H][kl] (softmax-weighted latent sums). With
+ * chunk > 0 each (t, h) is split into blocks of `chunk` selected tokens
+ * (flash-decoding; part holds T*H*ceil(maxN/chunk)*(kl+2) floats) and merged
+ * in chunk order, so a token's result depends on its position only. */
+int gk_mla_attn(const float *qt, const float *latent, const int *dense, const int *npools, const int *tail,
+                const int *pools, int T, const int *dpos, int H, int kl, int P, int K, float scale, int chunk, int nsplit,
+                float *part, float *ob);
+
+/* ---- MoE ---- */
+int gk_moe_route(const float *logits, const float *bias, int T, int E, int k, int G, int topk_group, int norm,
+                 float scaling, int *idx, float *wt);
+int gk_moe_combine(float *out, const float *eo, const int *idx, const float *wt, int T, int k, int D);
+int gk_gather_rows(float *dst, const float *src, const int *rows, int n, int D);
+int gk_scatter_rows(float *dst, const float *src, const int *rows, int n, int D);
+
+/* ---- CUDA graphs (decode replay) ---- */
+int gk_graphs_supported(void);       /* 0 in the HIP build */
+int gk_capture_begin(void);
+int gk_capture_end(void **exec);     /* instantiates the captured launches */
+int gk_graph_launch(void *exec);
+void gk_graph_free(void *exec);
+unsigned gk_scratch_gen(void);       /* changes whenever a shared scratch buffer moves */
+
+/* ---- timing (bench) ---- */
+int gk_fill_random(void *p, size_t bytes, unsigned seed); /* bf16 pairs in [-2, 2] */
+double gk_time_d2d_gbs(size_t bytes, int reps);       /* (read+write) GB/s */
+double gk_time_bf16_gemm_tflops(int m, int n, int k, int reps);
+void *gk_event_new(void);
+void gk_event_record(void *e);
+float gk_event_ms(void *a, void *b);                  /* synchronises on b */
+void gk_event_free(void *e);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

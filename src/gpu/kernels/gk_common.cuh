@@ -1,0 +1,105 @@
+/* Shared device helpers of the kernel files: error state, weight element
+ * loads for every wmat format, warp/block reductions with a fixed order (so
+ * results are bitwise reproducible run to run). */
+#ifndef GLM53_GPU_GK_COMMON_CUH
+#define GLM53_GPU_GK_COMMON_CUH
+#include "gpu_compat.h"
+#include "gk.h"
+#include <stdint.h>
+#include <stdio.h>
+#if GK_HIP
+#include <hip/hip_fp16.h>
+#else
+#include <cuda_fp16.h>
+#endif
+
+enum { GF_F32 = 1, GF_BF16 = 2, GF_Q8 = 3, GF_Q4 = 4 };
+
+/* set the module error (host); returns -1 */
+int gk_fail(const char *fmt, ...);
+/* check a CUDA call; returns -1 with context on failure */
+#define GK_TRY(call)                                                                        \
+  do {                                                                                      \
+    cudaError_t e_ = (call);                                                                \
+    if (e_ != cudaSuccess) return gk_fail("%s: %s", #call, cudaGetErrorString(e_));         \
+  } while (0)
+#define GK_LAUNCHED(name) gk_check(name)
+
+static inline unsigned gk_blocks(size_t n, unsigned per) { return (unsigned)((n + per - 1) / per); }
+
+__device__ __forceinline__ float bf16f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+__device__ __forceinline__ float gk_scale(const gpu_mat &W, size_t r, int j) {
+  size_t ng = (size_t)W.cols / W.group;
+  uint16_t s = ((const uint16_t *)W.s)[r * ng + j / W.group];
+  return W.scale_bf16 ? bf16f(s) : __half2float(__ushort_as_half(s));
+}
+
+/* one element W[r][j] */
+template <int FMT> __device__ __forceinline__ float wl1(const gpu_mat &W, size_t r, int j) {
+  size_t i = r * (size_t)W.cols + j;
+  if (FMT == GF_F32) return ((const float *)W.d)[i];
+  if (FMT == GF_BF16) return bf16f(((const uint16_t *)W.d)[i]);
+  if (FMT == GF_Q8) return (float)((const int8_t *)W.d)[i] * gk_scale(W, r, j);
+  uint8_t b = ((const uint8_t *)W.d)[i >> 1];
+  int nib = (j & 1) ? (b >> 4) : (b & 15);
+  return (float)(nib - 8) * gk_scale(W, r, j);
+}
+__device__ __forceinline__ float wl1_any(const gpu_mat &W, size_t r, int j) {
+  switch (W.fmt) {
+  case GF_F32: return wl1<GF_F32>(W, r, j);
+  case GF_BF16: return wl1<GF_BF16>(W, r, j);
+  case GF_Q8: return wl1<GF_Q8>(W, r, j);
+  default: return wl1<GF_Q4>(W, r, j);
+  }
+}
+
+/* eight elements W[r][j..j+8), j % 8 == 0, cols % 8 == 0, group % 8 == 0 */
+template <int FMT> __device__ __forceinline__ void wl8(const gpu_mat &W, size_t r, int j, float *v) {
+  size_t i = r * (size_t)W.cols + j;
+  if (FMT == GF_F32) {
+    float4 a = __ldg((const float4 *)((const float *)W.d + i)), b = __ldg((const float4 *)((const float *)W.d + i) + 1);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+  } else if (FMT == GF_BF16) {
+    uint4 a = __ldg((const uint4 *)((const uint16_t *)W.d + i));
+    uint32_t w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+    for (int q = 0; q < 4; q++) { v[2 * q] = __uint_as_float(w[q] << 16); v[2 * q + 1] = __uint_as_float(w[q] & 0xffff0000u); }
+  } else if (FMT == GF_Q8) {
+    uint2 a = __ldg((const uint2 *)((const int8_t *)W.d + i));
+    float s = gk_scale(W, r, j);
+    uint32_t w[2] = {a.x, a.y};
+#pragma unroll
+    for (int q = 0; q < 8; q++) v[q] = (float)(int8_t)((w[q >> 2] >> (8 * (q & 3))) & 0xff) * s;
+  } else {
+    uint32_t a = __ldg((const uint32_t *)((const uint8_t *)W.d + (i >> 1)));
+    float s = gk_scale(W, r, j);
+#pragma unroll
+    for (int q = 0; q < 8; q++) v[q] = (float)((int)((a >> (4 * q)) & 15) - 8) * s;
+  }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+/* block-wide sum (blockDim.x a multiple of 32, <= 1024), same order every time;
+ * every thread gets the result. sh: 32 floats of shared memory. */
+__device__ __forceinline__ float block_sum(float v, float *sh) {
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) sh[w] = v;
+  __syncthreads();
+  float t = 0;
+  for (int i = 0; i < nw; i++) t += sh[i];
+  return t;
+}
+__device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+#endif

@@ -1,0 +1,442 @@
+/* Device runtime (errors, memory, device info) and the matrix products:
+ * an in-house GEMV for small token counts (decode), cuBLAS for large ones
+ * (prefill), and the routed-expert GEMV that reads expert ids on the device. */
+#include "gk_common.cuh"
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+static char g_err[512];
+#if GK_HAVE_BLAS
+static cublasHandle_t g_blas;
+static int g_blas_ok;
+#endif
+
+int gk_fail(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(g_err, sizeof g_err, fmt, ap);
+  va_end(ap);
+  return -1;
+}
+extern "C" const char *gk_error(void) { return g_err; }
+
+extern "C" int gk_init(gk_devinfo *info) {
+  memset(info, 0, sizeof *info);
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) return gk_fail("no GPU device: %s", cudaGetErrorString(e));
+  if (n <= 0) return gk_fail("no GPU device visible");
+  info->count = n;
+  GK_TRY(cudaSetDevice(0));
+  cudaDeviceProp p;
+  GK_TRY(cudaGetDeviceProperties(&p, 0));
+  snprintf(info->name, sizeof info->name, "%.127s", p.name);
+  info->cc_major = p.major;
+  info->cc_minor = p.minor;
+  info->sm_count = p.multiProcessorCount;
+#if GK_HIP
+  info->hip = 1;
+  snprintf(info->arch, sizeof info->arch, "%s", p.gcnArchName);
+#else
+  snprintf(info->arch, sizeof info->arch, "sm_%d%d", p.major, p.minor);
+#endif
+  GK_TRY(cudaMemGetInfo(&info->mem_free, &info->mem_total));
+#if GK_HAVE_BLAS
+  if (!g_blas_ok) {
+    if (cublasCreate(&g_blas) != CUBLAS_STATUS_SUCCESS) return gk_fail("cuBLAS initialisation failed");
+#if !GK_HIP
+    cublasSetStream(g_blas, cudaStreamPerThread); /* the stream every kernel uses (--default-stream per-thread) */
+#endif
+    g_blas_ok = 1;
+  }
+#endif
+  return 0;
+}
+
+extern "C" void *gk_malloc(size_t n) {
+  void *p = NULL;
+  cudaError_t e = cudaMalloc(&p, n ? n : 1);
+  if (e != cudaSuccess) {
+    gk_fail("device allocation of %zu bytes failed: %s", n, cudaGetErrorString(e));
+    return NULL;
+  }
+  return p;
+}
+extern "C" void gk_free(void *p) { if (p) cudaFree(p); }
+extern "C" int gk_h2d(void *d, const void *h, size_t n) { GK_TRY(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice)); return 0; }
+extern "C" int gk_d2h(void *h, const void *d, size_t n) { GK_TRY(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost)); return 0; }
+extern "C" int gk_d2d(void *d, const void *s, size_t n) { GK_TRY(cudaMemcpy(d, s, n, cudaMemcpyDeviceToDevice)); return 0; }
+extern "C" int gk_memset(void *d, int v, size_t n) { GK_TRY(cudaMemset(d, v, n)); return 0; }
+extern "C" int gk_sync(void) { GK_TRY(cudaDeviceSynchronize()); GK_TRY(cudaGetLastError()); return 0; }
+extern "C" int gk_check(const char *what) {
+  cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? 0 : gk_fail("%s: %s", what, cudaGetErrorString(e));
+}
+
+/* grow-only scratch buffers (the backend serialises forwards) */
+typedef struct { void *p; size_t n; } gk_scratch;
+static unsigned g_gen;
+extern "C" unsigned gk_scratch_gen(void) { return g_gen; }
+static void *scratch(gk_scratch *s, size_t n) {
+  if (s->n >= n) return s->p;
+  g_gen++; /* captured graphs that used the old buffer are stale */
+  gk_free(s->p);
+  s->p = gk_malloc(n);
+  s->n = s->p ? n : 0;
+  return s->p;
+}
+static gk_scratch g_part;
+#if GK_HAVE_BLAS
+static gk_scratch g_xb, g_wb;
+#endif
+
+static int g_gemm_min = -1;
+extern "C" int gk_gemm_min(void) {
+  if (g_gemm_min < 0) {
+    const char *e = getenv("GLM53_GPU_GEMM_MIN");
+    g_gemm_min = e && atoi(e) > 0 ? atoi(e) : 32;
+  }
+  return g_gemm_min;
+}
+extern "C" void gk_set_gemm_min(int n) { g_gemm_min = n > 0 ? n : -1; }
+
+/* ---------------- GEMV ---------------- */
+#define NT 8         /* tokens per block */
+#define WARPS 8      /* rows per block */
+
+template <int FMT, bool VEC>
+__device__ __forceinline__ void gemv_row(const gpu_mat &W, int row, const float *x, int nt, int ldx, int c0, int c1,
+                                         float *acc) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int t = 0; t < NT; t++) acc[t] = 0.f;
+  if (VEC) {
+    /* four 16-byte weight loads in flight per lane before their FMAs; the
+     * per-token order of the FMAs is the plain j order either way */
+    int j = c0 + lane * 8;
+    for (; j + 3 * 256 < c1; j += 4 * 256) {
+      float w[4][8];
+#pragma unroll
+      for (int u = 0; u < 4; u++) wl8<FMT>(W, row, j + u * 256, w[u]);
+#pragma unroll
+      for (int t = 0; t < NT; t++) {
+        if (t >= nt) break;
+        float a = acc[t];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+          const float *xp = x + (size_t)t * ldx + j + u * 256;
+#pragma unroll
+          for (int q = 0; q < 8; q++) a = fmaf(w[u][q], __ldg(xp + q), a);
+        }
+        acc[t] = a;
+      }
+    }
+    for (; j < c1; j += 256) {
+      float w[8];
+      wl8<FMT>(W, row, j, w);
+#pragma unroll
+      for (int t = 0; t < NT; t++) {
+        if (t >= nt) break;
+        const float *xp = x + (size_t)t * ldx + j;
+        float a = acc[t];
+#pragma unroll
+        for (int q = 0; q < 8; q++) a = fmaf(w[q], __ldg(xp + q), a);
+        acc[t] = a;
+      }
+    }
+  } else {
+    for (int j = c0 + lane; j < c1; j += 32) {
+      float w = wl1<FMT>(W, row, j);
+#pragma unroll
+      for (int t = 0; t < NT; t++) {
+        if (t >= nt) break;
+        acc[t] = fmaf(w, __ldg(x + (size_t)t * ldx + j), acc[t]);
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < NT; t++) acc[t] = warp_sum(acc[t]);
+}
+
+/* grid: (rows/WARPS, ceil(n/NT), nsplit). part != NULL: split-K partials
+ * part[z][n][rows], reduced in split order by gemv_reduce. */
+template <int FMT, bool VEC>
+__global__ void __launch_bounds__(256) gemv_k(gpu_mat W, const float *x, int n, int ldx, float *y, int ldy, int clen,
+                                              float *part) {
+  int row = blockIdx.x * WARPS + (threadIdx.x >> 5);
+  if (row >= W.rows) return;
+  int t0 = blockIdx.y * NT, nt = min(NT, n - t0);
+  int c0 = blockIdx.z * clen, c1 = min(W.cols, c0 + clen);
+  float acc[NT];
+  gemv_row<FMT, VEC>(W, row, x + (size_t)t0 * ldx, nt, ldx, c0, c1, acc);
+  if ((threadIdx.x & 31) == 0)
+    for (int t = 0; t < nt; t++) {
+      if (part) part[((size_t)blockIdx.z * n + t0 + t) * W.rows + row] = acc[t];
+      else y[(size_t)(t0 + t) * ldy + row] = acc[t];
+    }
+}
+
+__global__ void gemv_reduce(const float *part, int nsplit, int n, int rows, float *y, int ldy) {
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i >= (size_t)n * rows) return;
+  int t = (int)(i / rows), r = (int)(i % rows);
+  float s = 0;
+  for (int z = 0; z < nsplit; z++) s += part[((size_t)z * n + t) * rows + r];
+  y[(size_t)t * ldy + r] = s;
+}
+
+template <int FMT, bool VEC>
+__global__ void __launch_bounds__(256) gemv_exp_k(const gpu_mat *wset, int which, int wstride, const int *idx, int k,
+                                                  int xpt, const float *x, int ldx, float *y, int ldy, int rows) {
+  int p = blockIdx.y;
+  int row = blockIdx.x * WARPS + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  int e = idx ? idx[p] : p % k;
+  float *yo = y + (size_t)p * ldy;
+  if (e < 0) {
+    if ((threadIdx.x & 31) == 0) yo[row] = 0.f;
+    return;
+  }
+  gpu_mat W = wset[(size_t)e * wstride + which];
+  const float *xr = x + (size_t)(xpt ? p / k : p) * ldx;
+  float acc[NT];
+  gemv_row<FMT, VEC>(W, row, xr, 1, ldx, 0, W.cols, acc);
+  if ((threadIdx.x & 31) == 0) yo[row] = acc[0];
+}
+
+static int vec_ok(const gpu_mat *W) {
+  return W->cols % 8 == 0 && (W->fmt <= GF_BF16 || W->group % 8 == 0);
+}
+
+/* split-K count: a function of the shape only, so a token's bits do not
+ * depend on how many tokens share the launch */
+static int nsplit_for(const gpu_mat *W, int *clen) {
+  int ns = 1;
+  if (W->rows < 2048 && W->cols >= 2048) {
+    ns = W->cols / 1024;
+    if (ns > 16) ns = 16;
+  }
+  int c = (W->cols + ns - 1) / ns;
+  c = (c + 7) / 8 * 8;
+  *clen = c;
+  return (W->cols + c - 1) / c;
+}
+
+template <int FMT>
+static void launch_gemv(const gpu_mat *W, const float *x, int n, int ldx, float *y, int ldy, int clen, int ns,
+                        float *part) {
+  dim3 grid(gk_blocks(W->rows, WARPS), gk_blocks(n, NT), ns);
+  if (vec_ok(W)) gemv_k<FMT, true><<<grid, 256>>>(*W, x, n, ldx, y, ldy, clen, part);
+  else gemv_k<FMT, false><<<grid, 256>>>(*W, x, n, ldx, y, ldy, clen, part);
+}
+
+static int gemv(const gpu_mat *W, const float *x, int n, int ldx, float *y, int ldy) {
+  int clen, ns = nsplit_for(W, &clen);
+  float *part = NULL;
+  if (ns > 1) {
+    part = (float *)scratch(&g_part, (size_t)ns * n * W->rows * sizeof(float));
+    if (!part) return -1;
+  }
+  switch (W->fmt) {
+  case GF_F32: launch_gemv<GF_F32>(W, x, n, ldx, y, ldy, clen, ns, part); break;
+  case GF_BF16: launch_gemv<GF_BF16>(W, x, n, ldx, y, ldy, clen, ns, part); break;
+  case GF_Q8: launch_gemv<GF_Q8>(W, x, n, ldx, y, ldy, clen, ns, part); break;
+  case GF_Q4: launch_gemv<GF_Q4>(W, x, n, ldx, y, ldy, clen, ns, part); break;
+  default: return gk_fail("matmul: unsupported weight format %d", W->fmt);
+  }
+  if (ns > 1) gemv_reduce<<<gk_blocks((size_t)n * W->rows, 256), 256>>>(part, ns, n, W->rows, y, ldy);
+  return GK_LAUNCHED("gemv");
+}
+
+/* ---------------- cuBLAS path ---------------- */
+#if GK_HAVE_BLAS
+__global__ void to_bf16_k(const float *x, int n, int cols, int ldx, __nv_bfloat16 *o) {
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i >= (size_t)n * cols) return;
+  size_t t = i / cols, c = i % cols;
+  o[i] = __float2bfloat16(x[t * ldx + c]);
+}
+__global__ void dequant_bf16_k(gpu_mat W, __nv_bfloat16 *o) {
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i >= (size_t)W.rows * W.cols) return;
+  o[i] = __float2bfloat16(wl1_any(W, i / W.cols, (int)(i % W.cols)));
+}
+
+static int gemm(const gpu_mat *W, const float *x, int n, int ldx, float *y, int ldy) {
+  const float one = 1.f, zero = 0.f;
+  if (W->fmt == GF_F32) {
+    if (cublasSgemm(g_blas, CUBLAS_OP_T, CUBLAS_OP_N, W->rows, n, W->cols, &one, (const float *)W->d, W->cols, x, ldx,
+                    &zero, y, ldy) != CUBLAS_STATUS_SUCCESS)
+      return gk_fail("cublasSgemm failed (%d x %d x %d)", W->rows, n, W->cols);
+    return GK_LAUNCHED("sgemm");
+  }
+  __nv_bfloat16 *xb = (__nv_bfloat16 *)scratch(&g_xb, (size_t)n * W->cols * 2);
+  if (!xb) return -1;
+  to_bf16_k<<<gk_blocks((size_t)n * W->cols, 256), 256>>>(x, n, W->cols, ldx, xb);
+  const void *wb = W->d;
+  if (W->fmt != GF_BF16) { /* quantized: dequantize to bf16 once per call (prefill only) */
+    __nv_bfloat16 *t = (__nv_bfloat16 *)scratch(&g_wb, (size_t)W->rows * W->cols * 2);
+    if (!t) return -1;
+    dequant_bf16_k<<<gk_blocks((size_t)W->rows * W->cols, 256), 256>>>(*W, t);
+    wb = t;
+  }
+  if (cublasGemmEx(g_blas, CUBLAS_OP_T, CUBLAS_OP_N, W->rows, n, W->cols, &one, wb, CUDA_R_16BF, W->cols, xb,
+                   CUDA_R_16BF, W->cols, &zero, y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F,
+                   CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
+    return gk_fail("cublasGemmEx failed (%d x %d x %d)", W->rows, n, W->cols);
+  return GK_LAUNCHED("gemm bf16");
+}
+
+#endif
+
+extern "C" int gk_matmul(const gpu_mat *W, const float *x, int n, int ldx, float *y, int ldy) {
+  if (n <= 0) return 0;
+#if GK_HAVE_BLAS
+  if (n >= gk_gemm_min()) return gemm(W, x, n, ldx, y, ldy);
+#endif
+  return gemv(W, x, n, ldx, y, ldy);
+}
+
+static int batched_gemv(const gpu_mat *d_wset, int which, int wstride, int fmt, int rows, int cols, const int *idx,
+                        int npairs, int k, int xpt, const float *x, int ldx, float *y, int ldy) {
+  if (npairs <= 0) return 0;
+  dim3 grid(gk_blocks(rows, WARPS), npairs);
+  bool vec = cols % 8 == 0; /* the backend checks group % 8 for quantized weights */
+#define GK_EXP(F)                                                                                         \
+  if (vec) gemv_exp_k<F, true><<<grid, 256>>>(d_wset, which, wstride, idx, k, xpt, x, ldx, y, ldy, rows);  \
+  else gemv_exp_k<F, false><<<grid, 256>>>(d_wset, which, wstride, idx, k, xpt, x, ldx, y, ldy, rows);
+  switch (fmt) {
+  case GF_F32: GK_EXP(GF_F32); break;
+  case GF_BF16: GK_EXP(GF_BF16); break;
+  case GF_Q8: GK_EXP(GF_Q8); break;
+  case GF_Q4: GK_EXP(GF_Q4); break;
+  default: return gk_fail("batched gemv: unsupported weight format %d", fmt);
+  }
+#undef GK_EXP
+  return GK_LAUNCHED("batched gemv");
+}
+
+extern "C" int gk_matmul_experts(const gpu_mat *d_wset, int which, int fmt, int rows, int cols, const int *idx,
+                                 int npairs, int k, int xpt, const float *x, int ldx, float *y, int ldy) {
+  return batched_gemv(d_wset, which, 3, fmt, rows, cols, idx, npairs, k, xpt, x, ldx, y, ldy);
+}
+
+extern "C" int gk_matmul_heads(const gpu_mat *h_mats, const gpu_mat *d_mats, int H, const float *x, int T, int ldx_head,
+                               float *y, int ldy_head) {
+  const gpu_mat *W = &h_mats[0];
+  if (T < gk_gemm_min()) /* row p = t*H + h of x and y */
+    return batched_gemv(d_mats, 0, 1, W->fmt, W->rows, W->cols, NULL, T * H, H, 0, x, ldx_head, y, ldy_head);
+  for (int h = 0; h < H; h++)
+    if (gk_matmul(&h_mats[h], x + (size_t)h * ldx_head, T, H * ldx_head, y + (size_t)h * ldy_head, H * ldy_head)) return -1;
+  return 0;
+}
+
+/* ---------------- CUDA graphs ----------------
+ * Kernels are built with --default-stream per-thread, so every launch goes
+ * to cudaStreamPerThread, which can be captured. */
+extern "C" int gk_graphs_supported(void) { return !GK_HIP; }
+#if !GK_HIP
+extern "C" int gk_capture_begin(void) {
+  GK_TRY(cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeRelaxed));
+  return 0;
+}
+extern "C" int gk_capture_end(void **exec) {
+  cudaGraph_t g;
+  *exec = NULL;
+  cudaError_t e = cudaStreamEndCapture(cudaStreamPerThread, &g);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return gk_fail("graph capture: %s", cudaGetErrorString(e));
+  }
+  cudaGraphExec_t x;
+  e = cudaGraphInstantiate(&x, g, 0);
+  cudaGraphDestroy(g);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return gk_fail("graph instantiate: %s", cudaGetErrorString(e));
+  }
+  *exec = (void *)x;
+  return 0;
+}
+extern "C" int gk_graph_launch(void *exec) {
+  GK_TRY(cudaGraphLaunch((cudaGraphExec_t)exec, cudaStreamPerThread));
+  return 0;
+}
+extern "C" void gk_graph_free(void *exec) { if (exec) cudaGraphExecDestroy((cudaGraphExec_t)exec); }
+#else
+extern "C" int gk_capture_begin(void) { return gk_fail("graph replay is not enabled in the HIP build"); }
+extern "C" int gk_capture_end(void **exec) { *exec = NULL; return -1; }
+extern "C" int gk_graph_launch(void *exec) { return gk_fail("graph replay is not enabled in the HIP build"); }
+extern "C" void gk_graph_free(void *exec) {}
+#endif
+
+/* ---------------- timing helpers (bench only) ---------------- */
+extern "C" void *gk_event_new(void) {
+  cudaEvent_t e;
+  if (cudaEventCreate(&e) != cudaSuccess) return NULL;
+  return (void *)e;
+}
+extern "C" void gk_event_record(void *e) { cudaEventRecord((cudaEvent_t)e, 0); }
+extern "C" float gk_event_ms(void *a, void *b) {
+  float ms = 0;
+  cudaEventSynchronize((cudaEvent_t)b);
+  cudaEventElapsedTime(&ms, (cudaEvent_t)a, (cudaEvent_t)b);
+  return ms;
+}
+extern "C" void gk_event_free(void *e) { if (e) cudaEventDestroy((cudaEvent_t)e); }
+
+__global__ void fill_k(uint32_t *p, size_t n, uint32_t seed) {
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+  h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
+  /* two bf16 in [-1, 1) */
+  uint32_t a = 0x3f80u | ((h & 0x7f) << 0), b = 0x3f80u | ((h >> 16) & 0x7f);
+  p[i] = ((b ^ ((h >> 8) & 1) << 15) << 16) | (a ^ ((h >> 24) & 1) << 15);
+}
+
+extern "C" int gk_fill_random(void *p, size_t bytes, unsigned seed) {
+  fill_k<<<gk_blocks(bytes / 4, 256), 256>>>((uint32_t *)p, bytes / 4, seed);
+  return GK_LAUNCHED("fill");
+}
+
+extern "C" double gk_time_d2d_gbs(size_t bytes, int reps) {
+  void *a = gk_malloc(bytes), *b = gk_malloc(bytes);
+  if (!a || !b) { gk_free(a); gk_free(b); return -1; }
+  fill_k<<<gk_blocks(bytes / 4, 256), 256>>>((uint32_t *)a, bytes / 4, 7);
+  cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
+  void *e0 = gk_event_new(), *e1 = gk_event_new();
+  gk_event_record(e0);
+  for (int i = 0; i < reps; i++) cudaMemcpy(i & 1 ? a : b, i & 1 ? b : a, bytes, cudaMemcpyDeviceToDevice);
+  gk_event_record(e1);
+  float ms = gk_event_ms(e0, e1);
+  gk_event_free(e0); gk_event_free(e1);
+  gk_free(a); gk_free(b);
+  return 2.0 * bytes * reps / (ms * 1e-3) / 1e9;
+}
+
+extern "C" double gk_time_bf16_gemm_tflops(int m, int n, int k, int reps) {
+#if !GK_HAVE_BLAS
+  return -1;
+#else
+  void *A = gk_malloc((size_t)m * k * 2), *B = gk_malloc((size_t)k * n * 2), *C = gk_malloc((size_t)m * n * 2);
+  if (!A || !B || !C) { gk_free(A); gk_free(B); gk_free(C); return -1; }
+  fill_k<<<gk_blocks((size_t)m * k / 2, 256), 256>>>((uint32_t *)A, (size_t)m * k / 2, 1);
+  fill_k<<<gk_blocks((size_t)k * n / 2, 256), 256>>>((uint32_t *)B, (size_t)k * n / 2, 2);
+  const float one = 1.f, zero = 0.f;
+  for (int i = 0; i < 3; i++)
+    cublasGemmEx(g_blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, A, CUDA_R_16BF, k, B, CUDA_R_16BF, k, &zero, C,
+                 CUDA_R_16BF, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  void *e0 = gk_event_new(), *e1 = gk_event_new();
+  gk_event_record(e0);
+  for (int i = 0; i < reps; i++)
+    cublasGemmEx(g_blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, A, CUDA_R_16BF, k, B, CUDA_R_16BF, k, &zero, C,
+                 CUDA_R_16BF, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  gk_event_record(e1);
+  float ms = gk_event_ms(e0, e1);
+  gk_event_free(e0); gk_event_free(e1);
+  gk_free(A); gk_free(B); gk_free(C);
+  return 2.0 * m * n * (double)k * reps / (ms * 1e-3) / 1e12;
+#endif
+}

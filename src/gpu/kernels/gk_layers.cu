@@ -1,0 +1,634 @@
+/* Device kernels of one GLM-5.3 layer besides the matrix products: norms,
+ * mHC, KDA (conv, gates, delta-rule recurrence, gated norm), the DSA indexer
+ * (pooled keys, scores, deterministic top-k), absorbed MLA attention over the
+ * latent cache, the MoE router and expert combine. Each mirrors one function
+ * of the fp32 reference in src/model (named in the comments); fixed reduction
+ * orders keep results bitwise reproducible and independent of how many tokens
+ * share a launch. */
+#include "gk_common.cuh"
+
+#define MAX_HC 16
+#define KL_MAX 512   /* kv_lora_rank bound of gk_mla_attn */
+#define MLA_MAXC (KL_MAX / 32)
+#define E_MAX 512    /* routed experts bound of gk_moe_route */
+
+/* ---- embedding ---- */
+__global__ void embed_k(gpu_mat E, const int32_t *tok, int T, int hc, float *X) {
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  int D = E.cols;
+  if (i >= (size_t)T * D) return;
+  int t = (int)(i / D), d = (int)(i % D);
+  float v = wl1_any(E, tok[t], d);
+  for (int h = 0; h < hc; h++) X[((size_t)t * hc + h) * D + d] = v;
+}
+extern "C" int gk_embed(const gpu_mat *E, const int32_t *tok, int T, int hc, float *X) {
+  embed_k<<<gk_blocks((size_t)T * E->cols, 256), 256>>>(*E, tok, T, hc, X);
+  return GK_LAUNCHED("embed");
+}
+
+/* ---- norms (ops.h rmsnorm / layernorm) ---- */
+__global__ void rmsnorm_k(float *y, int ldy, const float *x, int ldx, const float *w, int n, float eps) {
+  __shared__ float sh[32];
+  const float *xr = x + (size_t)blockIdx.x * ldx;
+  float *yr = y + (size_t)blockIdx.x * ldy;
+  float ss = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+  ss = block_sum(ss, sh);
+  float r = 1.0f / sqrtf(ss / n + eps);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = (w ? w[i] : 1.0f) * (xr[i] * r);
+}
+extern "C" int gk_rmsnorm(float *y, int ldy, const float *x, int ldx, const float *w, int T, int n, float eps) {
+  if (T <= 0) return 0;
+  rmsnorm_k<<<T, 256>>>(y, ldy, x, ldx, w, n, eps);
+  return GK_LAUNCHED("rmsnorm");
+}
+__global__ void layernorm_k(float *y, int ldy, const float *x, int ldx, const float *w, const float *b, int n, float eps) {
+  __shared__ float sh[32];
+  const float *xr = x + (size_t)blockIdx.x * ldx;
+  float *yr = y + (size_t)blockIdx.x * ldy;
+  float s = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) s += xr[i];
+  float mu = block_sum(s, sh) / n;
+  float v = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) v += (xr[i] - mu) * (xr[i] - mu);
+  float var = block_sum(v, sh) / n;
+  float r = 1.0f / sqrtf(var + eps);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = ((xr[i] - mu) * r) * w[i] + b[i];
+}
+extern "C" int gk_layernorm(float *y, int ldy, const float *x, int ldx, const float *w, const float *b, int T, int n, float eps) {
+  if (T <= 0) return 0;
+  layernorm_k<<<T, 256>>>(y, ldy, x, ldx, w, b, n, eps);
+  return GK_LAUNCHED("layernorm");
+}
+
+/* ---- clamped SwiGLU (ops.h swiglu_clamped) ---- */
+__global__ void swiglu_k(float *g, const float *u, size_t n, float limit) {
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float a = g[i], b = u[i];
+  if (!isnan(limit)) {
+    a = fminf(a, limit);
+    b = fminf(fmaxf(b, -limit), limit);
+  }
+  g[i] = a / (1.0f + expf(-a)) * b;
+}
+extern "C" int gk_swiglu(float *g, const float *u, size_t n, float limit) {
+  if (!n) return 0;
+  swiglu_k<<<gk_blocks(n, 256), 256>>>(g, u, n, limit);
+  return GK_LAUNCHED("swiglu");
+}
+
+/* ---- mHC (mhc.c) ---- */
+__device__ void sinkhorn_dev(float *L, int n, int iters, float eps) {
+  for (int g = 0; g < n; g++) {
+    float *row = L + g * n, mx = row[0];
+    for (int h = 1; h < n; h++) mx = fmaxf(mx, row[h]);
+    float s = 0;
+    for (int h = 0; h < n; h++) s += (row[h] = expf(row[h] - mx));
+    for (int h = 0; h < n; h++) row[h] = row[h] / s + eps;
+  }
+  for (int it = 0; it < iters; it++) {
+    if (it > 0)
+      for (int g = 0; g < n; g++) {
+        float s = 0;
+        for (int h = 0; h < n; h++) s += L[g * n + h];
+        for (int h = 0; h < n; h++) L[g * n + h] /= s + eps;
+      }
+    for (int h = 0; h < n; h++) {
+      float s = 0;
+      for (int g = 0; g < n; g++) s += L[g * n + h];
+      for (int g = 0; g < n; g++) L[g * n + h] /= s + eps;
+    }
+  }
+}
+
+__global__ void mhc_pre_k(const float *X, const float *mixraw, const float *base, const float *scale, const float *norm_w,
+                          int hc, int D, int iters, float hc_eps, float rms_eps, float *post, float *comb, float *y) {
+  __shared__ float sh[32];
+  __shared__ float pre[MAX_HC];
+  const int t = blockIdx.x, n = hc * D, mix = (2 + hc) * hc;
+  const float *Xt = X + (size_t)t * n;
+  float ss = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) ss += Xt[i] * Xt[i];
+  ss = block_sum(ss, sh);
+  if (threadIdx.x == 0) {
+    float r = 1.0f / sqrtf(ss / n + rms_eps);
+    const float *mu = mixraw + (size_t)t * mix;
+    for (int s = 0; s < hc; s++) {
+      pre[s] = sigm(scale[0] * (mu[s] * r) + base[s]) + hc_eps;
+      post[t * hc + s] = 2.0f * sigm(scale[1] * (mu[hc + s] * r) + base[hc + s]);
+    }
+    float L[MAX_HC * MAX_HC];
+    for (int k = 0; k < hc * hc; k++) L[k] = scale[2] * (mu[2 * hc + k] * r) + base[2 * hc + k];
+    sinkhorn_dev(L, hc, iters, hc_eps);
+    for (int k = 0; k < hc * hc; k++) comb[(size_t)t * hc * hc + k] = L[k];
+  }
+  __syncthreads();
+  float *yt = y + (size_t)t * D, s2 = 0;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float a = 0;
+    for (int s = 0; s < hc; s++) a += pre[s] * Xt[(size_t)s * D + d];
+    yt[d] = a;
+    s2 += a * a;
+  }
+  s2 = block_sum(s2, sh);
+  float r2 = 1.0f / sqrtf(s2 / D + rms_eps);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) yt[d] = norm_w[d] * (yt[d] * r2);
+}
+extern "C" int gk_mhc_pre(const float *X, const float *mixraw, const float *base, const float *scale, const float *norm_w,
+                          int T, int hc, int D, int iters, float hc_eps, float rms_eps, float *post, float *comb, float *y) {
+  if (hc > MAX_HC) return gk_fail("mhc: hc_mult %d above %d", hc, MAX_HC);
+  mhc_pre_k<<<T, 256>>>(X, mixraw, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post, comb, y);
+  return GK_LAUNCHED("mhc_pre");
+}
+
+__global__ void mhc_post_k(float *X, const float *a, const float *post, const float *comb, int T, int hc, int D) {
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i >= (size_t)T * D) return;
+  int t = (int)(i / D), d = (int)(i % D);
+  float old[MAX_HC];
+  float *Xt = X + (size_t)t * hc * D;
+  for (int g = 0; g < hc; g++) old[g] = Xt[(size_t)g * D + d];
+  const float *cb = comb + (size_t)t * hc * hc, y = a[(size_t)t * D + d];
+  for (int h = 0; h < hc; h++) {
+    float acc = post[t * hc + h] * y;
+    for (int g = 0; g < hc; g++) acc += cb[g * hc + h] * old[g];
+    Xt[(size_t)h * D + d] = acc;
+  }
+}
+extern "C" int gk_mhc_post(float *X, const float *a, const float *post, const float *comb, int T, int hc, int D) {
+  mhc_post_k<<<gk_blocks((size_t)T * D, 256), 256>>>(X, a, post, comb, T, hc, D);
+  return GK_LAUNCHED("mhc_post");
+}
+
+__global__ void final_norm_k(const float *X, const float *w, int first, int hc, int D, float eps, float *h) {
+  __shared__ float sh[32];
+  int t = first + blockIdx.x;
+  const float *Xt = X + (size_t)t * hc * D;
+  float *ht = h + (size_t)blockIdx.x * D, ss = 0;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float a = 0;
+    for (int k = 0; k < hc; k++) a += Xt[(size_t)k * D + d];
+    a /= hc;
+    ht[d] = a;
+    ss += a * a;
+  }
+  ss = block_sum(ss, sh);
+  float r = 1.0f / sqrtf(ss / D + eps);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) ht[d] = w[d] * (ht[d] * r);
+}
+extern "C" int gk_final_norm(const float *X, const float *w, int first, int T, int hc, int D, float eps, float *h) {
+  if (T - first <= 0) return 0;
+  final_norm_k<<<T - first, 256>>>(X, w, first, hc, D, eps, h);
+  return GK_LAUNCHED("final_norm");
+}
+
+/* ---- KDA (kda.c kda_forward / kda_step) ---- */
+__global__ void kda_conv_k(const float *raw, const float *st, const float *w, int T, int ch, int K, float *qkv) {
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i >= (size_t)T * ch) return;
+  int t = (int)(i / ch), j = (int)(i % ch);
+  float acc = 0;
+  for (int tau = 0; tau < K; tau++) {
+    int src = t - (K - 1) + tau;
+    float x = src >= 0 ? raw[(size_t)src * ch + j] : st[(size_t)(K - 1 + src) * ch + j];
+    acc += w[(size_t)j * K + tau] * x;
+  }
+  qkv[i] = acc / (1.0f + expf(-acc));
+}
+/* new state = last K-1 rows of [state | raw]; one thread per channel, rows in
+ * ascending order so a shift within the state reads before it writes */
+__global__ void kda_conv_state_k(const float *raw, float *st, int T, int ch, int K) {
+  int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= ch) return;
+  for (int s = 0; s < K - 1; s++) {
+    int src = T - (K - 1) + s;
+    st[(size_t)s * ch + j] = src >= 0 ? raw[(size_t)src * ch + j] : st[(size_t)(K - 1 + src) * ch + j];
+  }
+}
+extern "C" int gk_kda_conv(const float *raw, float *conv_state, const float *w, int T, int ch, int K, float *qkv) {
+  kda_conv_k<<<gk_blocks((size_t)T * ch, 256), 256>>>(raw, conv_state, w, T, ch, K, qkv);
+  kda_conv_state_k<<<gk_blocks(ch, 256), 256>>>(raw, conv_state, T, ch, K);
+  return GK_LAUNCHED("kda_conv");
+}
+
+/* l2-normalise q and k per head (eps inside the root), scale q */
+__global__ void kda_prep_k(float *qkv, int T, int H, int hd, float qscale) {
+  int wid = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+  if (wid >= T * H * 2) return;
+  int which = wid % 2, h = (wid / 2) % H, t = wid / (2 * H), inner = H * hd;
+  float *x = qkv + (size_t)t * 3 * inner + (size_t)which * inner + (size_t)h * hd;
+  float ss = 0;
+  for (int i = lane; i < hd; i += 32) ss += x[i] * x[i];
+  ss = warp_sum(ss);
+  float r = 1.0f / sqrtf(ss + 1e-6f);
+  for (int i = lane; i < hd; i += 32) {
+    float v = x[i] * r;
+    x[i] = which == 0 ? v * qscale : v;
+  }
+}
+extern "C" int gk_kda_prep(float *qkv, int T, int H, int hd, float qscale) {
+  kda_prep_k<<<gk_blocks((size_t)T * H * 2 * 32, 256), 256>>>(qkv, T, H, hd, qscale);
+  return GK_LAUNCHED("kda_prep");
+}
+
+__global__ void kda_gate_k(float *g, const float *dt_bias, const float *A_log, int T, int H, int hd, float lb) {
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  int inner = H * hd;
+  if (i >= (size_t)T * inner) return;
+  int c = (int)(i % inner), h = c / hd;
+  float rate = expf(A_log[h]), x = g[i] + dt_bias[c];
+  g[i] = !isnan(lb) ? lb * sigm(rate * x) : -rate * (x > 20.0f ? x : log1pf(expf(x)));
+}
+extern "C" int gk_kda_gate(float *g, const float *dt_bias, const float *A_log, int T, int H, int hd, float lower_bound) {
+  kda_gate_k<<<gk_blocks((size_t)T * H * hd, 256), 256>>>(g, dt_bias, A_log, T, H, hd, lower_bound);
+  return GK_LAUNCHED("kda_gate");
+}
+
+/* Delta-rule recurrence, token by token (kda_step). Columns j of S evolve
+ * independently: one warp owns column j of one head, its lanes hold
+ * S[i][j] for i = lane + 32m. State layout [H][dv][dk] keeps the lanes'
+ * loads contiguous. grid (H, ceil(hd/8)), 256 threads. */
+#define KDA_MAXM 8 /* head dim <= 256 */
+__global__ void __launch_bounds__(256) kda_recur_k(float *S, const float *qkv, const float *g, const float *bl, int T,
+                                                    int H, int hd, float *o) {
+  extern __shared__ float kda_sh[]; /* q[hd], k[hd], a[hd] */
+  float *qs = kda_sh, *ks = qs + hd, *as = ks + hd;
+  const int h = blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31, j = blockIdx.y * 8 + w;
+  const int inner = H * hd;
+  const bool act = j < hd;
+  float s[KDA_MAXM];
+  float *Sj = S + ((size_t)h * hd + (act ? j : 0)) * hd;
+#pragma unroll
+  for (int m = 0; m < KDA_MAXM; m++) {
+    int i = lane + 32 * m;
+    s[m] = (act && i < hd) ? Sj[i] : 0.f;
+  }
+  for (int t = 0; t < T; t++) {
+    const float *row = qkv + (size_t)t * 3 * inner;
+    __syncthreads();
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+      qs[i] = row[h * hd + i];
+      ks[i] = row[inner + h * hd + i];
+      as[i] = expf(g[(size_t)t * inner + h * hd + i]);
+    }
+    __syncthreads();
+    if (!act) continue;
+    float beta = sigm(bl[(size_t)t * H + h]);
+    float r = 0;
+#pragma unroll
+    for (int m = 0; m < KDA_MAXM; m++) {
+      int i = lane + 32 * m;
+      if (i < hd) {
+        s[m] *= as[i];
+        r += s[m] * ks[i];
+      }
+    }
+    r = warp_sum(r);
+    float delta = beta * (row[2 * inner + h * hd + j] - r), oo = 0;
+#pragma unroll
+    for (int m = 0; m < KDA_MAXM; m++) {
+      int i = lane + 32 * m;
+      if (i < hd) {
+        s[m] += ks[i] * delta;
+        oo += s[m] * qs[i];
+      }
+    }
+    oo = warp_sum(oo);
+    if (lane == 0) o[(size_t)t * inner + h * hd + j] = oo;
+  }
+  if (act) {
+#pragma unroll
+    for (int m = 0; m < KDA_MAXM; m++) {
+      int i = lane + 32 * m;
+      if (i < hd) Sj[i] = s[m];
+    }
+  }
+}
+extern "C" int gk_kda_recur(float *S, const float *qkv, const float *g, const float *beta_logit, int T, int H, int hd, float *o) {
+  if (hd > 32 * KDA_MAXM) return gk_fail("kda: head dim %d above %d", hd, 32 * KDA_MAXM);
+  dim3 grid(H, gk_blocks(hd, 8));
+  kda_recur_k<<<grid, 256, 3 * hd * sizeof(float)>>>(S, qkv, g, beta_logit, T, H, hd, o);
+  return GK_LAUNCHED("kda_recur");
+}
+
+/* gated RMSNorm per head: w * o / rms(o) * sigmoid(z) */
+__global__ void kda_out_k(float *o, const float *z, const float *w, int T, int H, int hd, float eps) {
+  int wid = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+  if (wid >= T * H) return;
+  size_t base = (size_t)wid * hd; /* (t*H + h)*hd == t*inner + h*hd */
+  float ss = 0;
+  for (int i = lane; i < hd; i += 32) ss += o[base + i] * o[base + i];
+  ss = warp_sum(ss);
+  float r = 1.0f / sqrtf(ss / hd + eps);
+  for (int i = lane; i < hd; i += 32) o[base + i] = (w[i] * (o[base + i] * r)) * sigm(z[base + i]);
+}
+extern "C" int gk_kda_out(float *o, const float *z, const float *w, int T, int H, int hd, float eps) {
+  kda_out_k<<<gk_blocks((size_t)T * H * 32, 256), 256>>>(o, z, w, T, H, hd, eps);
+  return GK_LAUNCHED("kda_out");
+}
+
+/* ---- DSA indexer (mla.c pool_key / indexer_scores / topk_pools) ---- */
+__global__ void pool_keys_k(const float *ik, const float *is, const float *ape, const int *dpos, int T, int P, int hd,
+                            float *pool) {
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  const int pos0 = *dpos, p_lo = pos0 / P, p_hi = (pos0 + T) / P; /* pools this chunk completes */
+  if (i >= (size_t)(p_hi - p_lo) * hd) return;
+  int p = p_lo + (int)(i / hd), c = (int)(i % hd);
+  float l[64], mx = -INFINITY;
+  for (int m = 0; m < P; m++) {
+    l[m] = is[(size_t)(p * P + m) * hd + c] + ape[m * hd + c];
+    mx = fmaxf(mx, l[m]);
+  }
+  float z = 0, acc = 0;
+  for (int m = 0; m < P; m++) z += expf(l[m] - mx);
+  for (int m = 0; m < P; m++) acc += expf(l[m] - mx) / z * ik[(size_t)(p * P + m) * hd + c];
+  pool[(size_t)p * hd + c] = acc;
+}
+extern "C" int gk_pool_keys(const float *ik, const float *is, const float *ape, const int *dpos, int T, int P, int hd,
+                            float *pool) {
+  if (P > 64) return gk_fail("indexer: kpool %d above 64", P);
+  pool_keys_k<<<gk_blocks((size_t)(T / P + 1) * hd, 256), 256>>>(ik, is, ape, dpos, T, P, hd, pool);
+  return GK_LAUNCHED("pool_keys");
+}
+
+/* grid (T, ceil(maxpool/64)); a warp scores 8 pools; only queries that see
+ * more than K complete pools need scores */
+__global__ void idx_scores_k(const float *q, const float *w, const float *pool, const int *dpos, int P, int nh, int hd,
+                             int K, int maxpool, float *score) {
+  extern __shared__ float qsh[]; /* nh*hd */
+  const int t = blockIdx.x, n = (*dpos + t + 1) / P;
+  if (n <= K || blockIdx.y * 64 >= n) return;
+  for (int i = threadIdx.x; i < nh * hd; i += blockDim.x) qsh[i] = q[(size_t)t * nh * hd + i];
+  __syncthreads();
+  const int wq = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const float s = 1.0f / sqrtf((float)hd), ws = 1.0f / sqrtf((float)nh);
+  for (int it = 0; it < 8; it++) {
+    int p = blockIdx.y * 64 + wq * 8 + it;
+    if (p >= n) break;
+    const float *key = pool + (size_t)p * hd;
+    float acc = 0;
+    for (int h = 0; h < nh; h++) {
+      float d = 0;
+      for (int i = lane; i < hd; i += 32) d += qsh[h * hd + i] * key[i];
+      d = warp_sum(d) * s;
+      if (d > 0) acc += (w[(size_t)t * nh + h] * ws) * d;
+    }
+    if (lane == 0) score[(size_t)t * maxpool + p] = acc;
+  }
+}
+extern "C" int gk_indexer_scores(const float *q, const float *w, const float *pool, int T, const int *dpos, int P, int nh,
+                                 int hd, int K, int maxpool, float *score) {
+  dim3 grid(T, gk_blocks(maxpool, 64));
+  idx_scores_k<<<grid, 256, (size_t)nh * hd * sizeof(float)>>>(q, w, pool, dpos, P, nh, hd, K, maxpool, score);
+  return GK_LAUNCHED("indexer_scores");
+}
+
+__device__ __forceinline__ bool pool_before(float a, int ia, float b, int ib) {
+  if (isnan(a)) a = -INFINITY;
+  if (isnan(b)) b = -INFINITY;
+  return a != b ? a > b : ia < ib;
+}
+/* top-K by rank: pool p's rank is the number of pools ordered before it
+ * (score desc, index asc); the K lowest ranks are written at their rank, the
+ * order topk_pools produces */
+__global__ void select_k(const float *score, const int *dpos, int P, int K, int maxpool, int always_tail, int *dense,
+                         int *npools, int *tail, int *pools) {
+  const int t = blockIdx.x, pos = *dpos + t, n = (pos + 1) / P;
+  int *pl = pools + (size_t)t * K;
+  const float *sc = score + (size_t)t * maxpool;
+  if (n <= K) {
+    for (int p = threadIdx.x; p < n; p += blockDim.x) pl[p] = p;
+  } else {
+    for (int p = threadIdx.x; p < n; p += blockDim.x) {
+      float v = sc[p];
+      int rank = 0;
+      for (int q = 0; q < n; q++) rank += pool_before(sc[q], q, v, p);
+      if (rank < K) pl[rank] = p;
+    }
+  }
+  if (threadIdx.x == 0) {
+    dense[t] = n <= K ? always_tail : 0;
+    npools[t] = n <= K ? n : K;
+    tail[t] = always_tail ? n * P : pos + 1;
+  }
+}
+extern "C" int gk_select(const float *score, int T, const int *dpos, int P, int K, int maxpool, int always_tail, int *dense,
+                         int *npools, int *tail, int *pools) {
+  select_k<<<T, 256>>>(score, dpos, P, K, maxpool, always_tail, dense, npools, tail, pools);
+  return GK_LAUNCHED("select");
+}
+
+/* ---- MLA attention core (mla.c mla_forward, absorbed form) ----
+ * grid (T, H, nsplit), 256 threads: online softmax over this split's
+ * selected latents (warp w takes every 8th), the 8 warps merged in order;
+ * one split writes ob directly, several write (max, sum, acc[kl]) records
+ * that mla_merge_k combines in split order. */
+__device__ __forceinline__ int sel_count(int isd, int np, int tb, int pos, int P) {
+  return isd ? pos + 1 : np * P + max(0, pos - tb + 1);
+}
+__global__ void __launch_bounds__(256) mla_attn_k(const float *qtg, const float *latent, const int *dense,
+                                                   const int *npools, const int *tail, const int *pools, const int *dpos,
+                                                   int H, int kl, int P, int K, float scale, int chunk, int nsplit,
+                                                   float *part, float *ob) {
+  __shared__ float qt[KL_MAX], wacc[8][KL_MAX], wm[8], wz[8];
+  const int t = blockIdx.x, h = blockIdx.y, sp = blockIdx.z, w = threadIdx.x >> 5, lane = threadIdx.x & 31, pos = *dpos + t;
+  const size_t th = (size_t)t * H + h;
+  for (int j = threadIdx.x; j < kl; j += blockDim.x) qt[j] = qtg[th * kl + j];
+  __syncthreads();
+  const int isd = dense[t], np = npools[t], tb = tail[t];
+  const int N = sel_count(isd, np, tb, pos, P);
+  const int s0 = chunk > 0 ? sp * chunk : 0, s1 = chunk > 0 ? min(N, s0 + chunk) : N;
+  const int *pl = pools + (size_t)t * K;
+  float m = -INFINITY, z = 0, acc[MLA_MAXC];
+#pragma unroll
+  for (int c = 0; c < MLA_MAXC; c++) acc[c] = 0.f;
+  for (int s = s0 + w; s < s1; s += 8) {
+    int tok = isd ? s : (s < np * P ? pl[s / P] * P + s % P : tb + s - np * P);
+    const float *lat = latent + (size_t)tok * kl;
+    float d = 0;
+#pragma unroll
+    for (int c = 0; c < MLA_MAXC; c++) {
+      int cc = lane + 32 * c;
+      if (cc < kl) d += qt[cc] * lat[cc];
+    }
+    float sc = warp_sum(d) * scale;
+    if (sc > m) {
+      float f = expf(m - sc);
+      z *= f;
+#pragma unroll
+      for (int c = 0; c < MLA_MAXC; c++) acc[c] *= f;
+      m = sc;
+    }
+    float p = expf(sc - m);
+    z += p;
+#pragma unroll
+    for (int c = 0; c < MLA_MAXC; c++) {
+      int cc = lane + 32 * c;
+      if (cc < kl) acc[c] += p * lat[cc];
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < MLA_MAXC; c++) {
+    int cc = lane + 32 * c;
+    if (cc < kl) wacc[w][cc] = acc[c];
+  }
+  if (lane == 0) { wm[w] = m; wz[w] = z; }
+  __syncthreads();
+  float M = -INFINITY;
+  for (int i = 0; i < 8; i++)
+    if (wz[i] > 0) M = fmaxf(M, wm[i]);
+  float Z = 0;
+  for (int i = 0; i < 8; i++)
+    if (wz[i] > 0) Z += wz[i] * expf(wm[i] - M);
+  float *rec = nsplit > 1 ? part + (th * nsplit + sp) * (size_t)(kl + 2) : NULL;
+  if (rec && threadIdx.x == 0) { rec[0] = M; rec[1] = Z; }
+  for (int j = threadIdx.x; j < kl; j += blockDim.x) {
+    float a = 0;
+    for (int i = 0; i < 8; i++)
+      if (wz[i] > 0) a += wacc[i][j] * expf(wm[i] - M);
+    if (rec) rec[2 + j] = a;
+    else ob[th * kl + j] = Z > 0 ? a / Z : 0.f;
+  }
+}
+__global__ void mla_merge_k(const float *part, int nsplit, int kl, float *ob) {
+  const size_t th = blockIdx.x;
+  const float *r0 = part + th * nsplit * (size_t)(kl + 2);
+  float M = -INFINITY, Z = 0;
+  for (int s = 0; s < nsplit; s++)
+    if (r0[s * (size_t)(kl + 2) + 1] > 0) M = fmaxf(M, r0[s * (size_t)(kl + 2)]);
+  for (int s = 0; s < nsplit; s++) {
+    const float *r = r0 + s * (size_t)(kl + 2);
+    if (r[1] > 0) Z += r[1] * expf(r[0] - M);
+  }
+  for (int j = threadIdx.x; j < kl; j += blockDim.x) {
+    float a = 0;
+    for (int s = 0; s < nsplit; s++) {
+      const float *r = r0 + s * (size_t)(kl + 2);
+      if (r[1] > 0) a += r[2 + j] * expf(r[0] - M);
+    }
+    ob[th * kl + j] = Z > 0 ? a / Z : 0.f;
+  }
+}
+extern "C" int gk_mla_attn(const float *qt, const float *latent, const int *dense, const int *npools, const int *tail,
+                           const int *pools, int T, const int *dpos, int H, int kl, int P, int K, float scale, int chunk,
+                           int nsplit, float *part, float *ob) {
+  if (kl > KL_MAX) return gk_fail("mla: kv_lora_rank %d above %d", kl, KL_MAX);
+  if (chunk <= 0) nsplit = 1;
+  dim3 grid(T, H, nsplit);
+  mla_attn_k<<<grid, 256>>>(qt, latent, dense, npools, tail, pools, dpos, H, kl, P, K, scale, chunk, nsplit, part, ob);
+  if (nsplit > 1) mla_merge_k<<<T * H, 256>>>(part, nsplit, kl, ob);
+  return GK_LAUNCHED("mla_attn");
+}
+
+/* base[(pos0 + t) * stride + i] = src[t * n + i], pos0 read on the device */
+__global__ void store_at_k(float *base, const int *dpos, int stride, const float *src, int T, int n) {
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i >= (size_t)T * n) return;
+  size_t t = i / n, c = i % n;
+  base[((size_t)*dpos + t) * stride + c] = src[i];
+}
+extern "C" int gk_store_at(float *base, const int *dpos, int stride, const float *src, int T, int n) {
+  store_at_k<<<gk_blocks((size_t)T * n, 256), 256>>>(base, dpos, stride, src, T, n);
+  return GK_LAUNCHED("store_at");
+}
+
+/* ---- MoE router (moe.c moe_route), one thread per token ---- */
+__device__ __forceinline__ bool r_before(float a, int ia, float b, int ib) { return pool_before(a, ia, b, ib); }
+__device__ void topk_masked_dev(const float *v, const unsigned char *allowed, int n, int k, int *out) {
+  int m = 0;
+  for (int i = 0; i < n; i++) {
+    if (allowed && !allowed[i]) continue;
+    if (m == k && !r_before(v[i], i, v[out[m - 1]], out[m - 1])) continue;
+    int j = m < k ? m++ : k - 1;
+    while (j > 0 && r_before(v[i], i, v[out[j - 1]], out[j - 1])) { out[j] = out[j - 1]; j--; }
+    out[j] = i;
+  }
+  for (; m < k; m++) out[m] = -1;
+}
+__global__ void moe_route_k(const float *logits, const float *bias, int T, int E, int k, int G, int topk_group, int norm,
+                            float scaling, int *idx, float *wt) {
+  int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= T) return;
+  float sig[E_MAX], choice[E_MAX];
+  unsigned char allowed[E_MAX];
+  const float *lg = logits + (size_t)t * E;
+  for (int e = 0; e < E; e++) {
+    sig[e] = sigm(lg[e]);
+    choice[e] = sig[e] + bias[e];
+  }
+  int per = E / G;
+  int *id = idx + (size_t)t * k;
+  if (G > 1) {
+    float gs[64];
+    int gsel[64], best[2];
+    for (int g = 0; g < G; g++) {
+      int n2 = per < 2 ? per : 2;
+      topk_masked_dev(choice + g * per, NULL, per, n2, best);
+      gs[g] = 0;
+      for (int i = 0; i < n2; i++) gs[g] += choice[g * per + best[i]];
+    }
+    topk_masked_dev(gs, NULL, G, topk_group, gsel);
+    for (int e = 0; e < E; e++) allowed[e] = 0;
+    for (int i = 0; i < topk_group; i++)
+      for (int e = 0; e < per; e++) allowed[gsel[i] * per + e] = 1;
+    topk_masked_dev(choice, allowed, E, k, id);
+  } else {
+    topk_masked_dev(choice, NULL, E, k, id);
+  }
+  double sum = 0;
+  for (int i = 0; i < k; i++) sum += id[i] >= 0 ? sig[id[i]] : 0.0f;
+  for (int i = 0; i < k; i++) {
+    double v = id[i] >= 0 ? sig[id[i]] : 0.0;
+    if (norm) v /= sum + 1e-20;
+    wt[(size_t)t * k + i] = (float)(v * scaling);
+  }
+}
+extern "C" int gk_moe_route(const float *logits, const float *bias, int T, int E, int k, int G, int topk_group, int norm,
+                            float scaling, int *idx, float *wt) {
+  if (E > E_MAX || G > 64 || k > 64) return gk_fail("moe: %d experts / %d groups / top-%d above the kernel's bounds", E, G, k);
+  moe_route_k<<<gk_blocks(T, 64), 64>>>(logits, bias, T, E, k, G, topk_group, norm, scaling, idx, wt);
+  return GK_LAUNCHED("moe_route");
+}
+
+/* out[t] (holding the shared expert) += wt * expert output, in ascending
+ * expert id as the reference accumulates */
+__global__ void moe_combine_k(float *out, const float *eo, const int *idx, const float *wt, int T, int k, int D) {
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i >= (size_t)T * D) return;
+  int t = (int)(i / D), d = (int)(i % D);
+  const int *id = idx + (size_t)t * k;
+  float acc = out[i];
+  int last = -1;
+  for (int r = 0; r < k; r++) { /* next smallest expert id above `last` */
+    int best = -1;
+    for (int j = 0; j < k; j++)
+      if (id[j] > last && (best < 0 || id[j] < id[best])) best = j;
+    if (best < 0) break;
+    last = id[best];
+    acc += wt[(size_t)t * k + best] * eo[((size_t)t * k + best) * D + d];
+  }
+  out[i] = acc;
+}
+extern "C" int gk_moe_combine(float *out, const float *eo, const int *idx, const float *wt, int T, int k, int D) {
+  moe_combine_k<<<gk_blocks((size_t)T * D, 256), 256>>>(out, eo, idx, wt, T, k, D);
+  return GK_LAUNCHED("moe_combine");
+}
+
+__global__ void gather_k(float *dst, const float *src, const int *rows, int n, int D, int scatter) {
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i >= (size_t)n * D) return;
+  size_t r = i / D, d = i % D;
+  if (scatter) dst[(size_t)rows[r] * D + d] = src[i];
+  else dst[i] = src[(size_t)rows[r] * D + d];
+}
+extern "C" int gk_gather_rows(float *dst, const float *src, const int *rows, int n, int D) {
+  if (n <= 0) return 0;
+  gather_k<<<gk_blocks((size_t)n * D, 256), 256>>>(dst, src, rows, n, D, 0);
+  return GK_LAUNCHED("gather");
+}
+extern "C" int gk_scatter_rows(float *dst, const float *src, const int *rows, int n, int D) {
+  if (n <= 0) return 0;
+  gather_k<<<gk_blocks((size_t)n * D, 256), 256>>>(dst, src, rows, n, D, 1);
+  return GK_LAUNCHED("scatter");
+}
