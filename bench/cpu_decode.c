@@ -10,7 +10,9 @@
  * median of 7), decode tok/s (median of N tokens), bytes of weights touched
  * per token, achieved GB/s and its ratio to the measured bandwidth; then a
  * split of the decode time into matrix products vs everything else.
- * usage: cpu_decode [n_tokens=16] [ctx_prefill=64] */
+ * usage: cpu_decode [n_tokens=16] [ctx_prefill=64]
+ * BENCH_KVB_F32=1 stores MLA kv_b as fp32 (shows the cost of mla.c
+ * dequantizing the whole kv_b on every call; docs/benchmarks.md). */
 #include "model/layers.h"
 #include "model/ops.h"
 #include "model/session.h"

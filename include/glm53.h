@@ -19,7 +19,12 @@ typedef struct glm53_session glm53_session;
 
 typedef struct {
   const char *backend;   /* "auto" | "cpu" | "gpu"; NULL = $GLM53_BACKEND or "auto" */
-  int n_threads;         /* 0 = all cores (OpenMP default) */
+  int n_threads;         /* CPU threads (process-wide OpenMP setting); 0 = OMP_NUM_THREADS or all cores */
+  /* gpu backend: device memory in GB (1e9 bytes) for routed experts,
+   * resident ones plus the cache slots of those streamed from host memory.
+   * -1 (or 0, which zero-initialised opts give) = $GLM53_GPU_EXPERT_GB, else
+   * auto: free device memory after the dense weights minus a reserve. */
+  double gpu_expert_gb;
 } glm53_load_opts;
 
 /* Load a Hugging Face checkpoint directory (config.json + *.safetensors) or a

@@ -35,6 +35,8 @@ int cli_check_opts(int argc, char **argv, const char *cmd, const char *const *kn
       size_t kn = strcspn(*k, "=");
       if (kn == n && !strncmp(*k, a, n)) { found = 1; takes_value = (*k)[kn] == '='; break; }
     }
+    /* a model-load option every command that loads a model accepts */
+    if (!found && n == 15 && !strncmp(a, "--gpu-expert-gb", n)) found = 1, takes_value = 1;
     if (!found) {
       fprintf(stderr, "glm53 %s: unknown option '%.*s' (see glm53 %s --help)\n", cmd, (int)n, a, cmd);
       return -1;
@@ -66,6 +68,8 @@ glm53_model *cli_load_model(int argc, char **argv) {
   glm53_load_opts o = {.backend = cli_opt(argc, argv, "--backend"), .n_threads = 0};
   const char *th = cli_opt(argc, argv, "--threads");
   if (th) o.n_threads = atoi(th);
+  const char *xg = cli_opt(argc, argv, "--gpu-expert-gb");
+  if (xg) o.gpu_expert_gb = atof(xg) > 0 ? atof(xg) : 1e-12; /* 0: no expert resident (the field's 0 means auto) */
   glm53_model *m = glm53_model_load(path, &o);
   if (!m) fprintf(stderr, "glm53 error: %s\n", glm53_last_error());
   return m;

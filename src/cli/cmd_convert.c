@@ -2,6 +2,7 @@
 #include "cli/cli.h"
 #include "core/err.h"
 #include "model/convert.h"
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,7 +13,7 @@ static const char *const convert_opts[] = {"--in=", "--out=", "--bits=", "--grou
 int cmd_convert(int argc, char **argv) {
   if (cli_flag(argc, argv, "--help")) {
     printf("usage: glm53 convert --in HF_DIR --out OUT_DIR [--bits 4|8|16] [--group 32|64|128] [--keep-bf16 PATTERNS]\n"
-           "                     [--embed-bits 8|16] [--scale f16|bf16] [--verify] [--quiet]\n"
+           "                     [--embed-bits 8|16] [--scale f16|bf16] [--threads N] [--verify] [--quiet]\n"
            "  Converts a BF16/F32/block-FP8 safetensors checkpoint to the .g53 format (docs/format.md).\n"
            "  --bits      attention/MLP/expert matrices: 4 = Int4 fmt=4 (default), 8 = Int8, 16 = BF16\n"
            "  --keep-bf16 comma-separated globs on tensor names stored BF16 (e.g. 'layers.*.self_attn.*')\n"
@@ -25,6 +26,7 @@ int cmd_convert(int argc, char **argv) {
                         .verify = cli_flag(argc, argv, "--verify"), .progress = !cli_flag(argc, argv, "--quiet")};
   if (!o.in || !o.out) { fprintf(stderr, "glm53 convert: --in and --out are required\n"); return 2; }
   const char *v;
+  if ((v = cli_opt(argc, argv, "--threads")) && atoi(v) > 0) omp_set_num_threads(atoi(v));
   if ((v = cli_opt(argc, argv, "--bits"))) o.bits = atoi(v);
   if ((v = cli_opt(argc, argv, "--group"))) o.group = atoi(v);
   if ((v = cli_opt(argc, argv, "--embed-bits"))) o.embed_bits = atoi(v);

@@ -1,15 +1,19 @@
 /* Optimized CPU matmul for the quantized wmat formats (Q4 "fmt=4", Q8,
  * BF16): Y[n][rows] = X[n][cols] W^T with fp32 accumulation.
  *  - n == 1 (decode): GEMV straight from the packed weights, dequantizing in
- *    registers (Q4: x is de-interleaved once per call so the low and high
- *    nibbles of 16 bytes multiply 16 even / 16 odd inputs; the -8 offset is
- *    folded in as -8 * d * sum(x of the group)).
+ *    registers. Q4: x is de-interleaved once per call so the low and high
+ *    nibbles of 16 bytes multiply 16 even / 16 odd inputs; AVX-512 maps
+ *    nibbles to exact weights with a 16-entry (n-8)*d table (vpermps), AVX2
+ *    and scalar convert and fold the -8 offset in as -8 * d * sum(x).
  *  - n > 1 (prefill): per block of tokens, each row is dequantized once into
  *    an fp32 buffer and dotted with the block's tokens, 4 at a time.
  * ISA: AVX-512 (F+BW+VL), AVX2+FMA+F16C, or scalar, chosen at run time with
  * __builtin_cpu_supports; parallel over rows with OpenMP.
  * Error: fp32 accumulation; |y - y_exact| <= ~cols * 2^-24 * sum_j |w_j x_j|
- * in the worst case (tests use 1e-5 relative to sum|w x|). */
+ * in the worst case (tests use 1e-5 relative to sum|w x|). Activations stay
+ * fp32 (an int8-activation VNNI variant was measured slower here, see
+ * docs/benchmarks.md).
+ */
 #ifndef GLM53_CPU_QMATMUL_H
 #define GLM53_CPU_QMATMUL_H
 #include "model/wmat.h"

@@ -6,6 +6,7 @@
 #include "model/ops.h"
 #include "core/util.h"
 #include <float.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 /* (score desc, index asc); NaN sorts as -inf. */
@@ -118,6 +119,26 @@ static void indexer_forward(const indexer_weights *x, const glm53_config *c, mla
     }                                                                             \
   } while (0)
 
+/* kv_b as fp32 rows. The absorbed form needs W_UK's columns and W_UV's rows
+ * of every head for every token, so a quantized kv_b is dequantized once per
+ * model (11 x 64 MiB for the full model) rather than once per call, which
+ * cost ~250 ms per decoded token at full dimensions (docs/benchmarks.md). */
+static const float *kv_b_rows(const mla_weights *w) {
+  static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  if (w->kv_b.fmt == WMAT_F32) return w->kv_b.data;
+  pthread_mutex_lock(&mu);
+  mla_weights *mw = (mla_weights *)w; /* a cache owned by the model, filled once */
+  if (!mw->kv_b_f32) {
+    const int rows = w->kv_b.rows, kl = w->kv_b.cols;
+    float *f = xmalloc((size_t)rows * kl * sizeof(float));
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < rows; i++) wmat_get_row(&w->kv_b, i, f + (size_t)i * kl);
+    mw->kv_b_f32 = f;
+  }
+  pthread_mutex_unlock(&mu);
+  return mw->kv_b_f32;
+}
+
 void mla_forward(const mla_weights *w, const glm53_config *c, mla_state *st, const float *y, int T, int pos0,
                  dsa_sel *sel, int *pool_buf, float *out) {
   const int H = c->num_attention_heads, nope = c->qk_nope_head_dim, vd = c->v_head_dim;
@@ -133,14 +154,8 @@ void mla_forward(const mla_weights *w, const glm53_config *c, mla_state *st, con
     rmsnorm(st->latent + (size_t)(pos0 + t) * kl, ckv + (size_t)t * kl, w->kv_a_norm, kl, c->rms_norm_eps);
   if (w->has_indexer) indexer_forward(&w->idx, c, st, y, r, T, pos0, sel, pool_buf);
 
-  /* kv_b as fp32 rows: W_UK[h] = rows [h(nope+v), h(nope+v)+nope), W_UV[h] the next vd rows */
-  const float *kvb = w->kv_b.data;
-  float *kvb_tmp = NULL;
-  if (w->kv_b.fmt != WMAT_F32) {
-    kvb_tmp = xmalloc((size_t)w->kv_b.rows * kl * sizeof(float));
-    for (int i = 0; i < w->kv_b.rows; i++) wmat_get_row(&w->kv_b, i, kvb_tmp + (size_t)i * kl);
-    kvb = kvb_tmp;
-  }
+  /* W_UK[h] = rows [h(nope+v), h(nope+v)+nope) of kv_b, W_UV[h] the next vd rows */
+  const float *kvb = kv_b_rows(w);
   const double scale = 1.0 / sqrt((double)(nope + c->qk_rope_head_dim));
   float *o = xmalloc((size_t)T * H * vd * sizeof(float));
 #pragma omp parallel for schedule(dynamic) collapse(2)
@@ -178,7 +193,6 @@ void mla_forward(const mla_weights *w, const glm53_config *c, mla_state *st, con
       free(ob);
     }
   wmat_matmul(&w->o_proj, o, T, out);
-  free(kvb_tmp);
   free(o);
   free(r);
   free(q);

@@ -6,6 +6,7 @@
 #include "core/log.h"
 #include "core/util.h"
 #include "format/g53.h"
+#include <omp.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 
@@ -46,6 +47,8 @@ glm53_model *glm53_model_load(const char *path, const glm53_load_opts *opts) {
   glm53_model *m = xcalloc(1, sizeof *m);
   m->dir = xstrdup(path);
   m->backend = glm53_cpu_backend();
+  m->gpu_expert_gb = opts ? opts->gpu_expert_gb : 0;
+  if (opts && opts->n_threads > 0) omp_set_num_threads(opts->n_threads); /* CPU threads for this process */
   double t0 = now_sec();
   int rc = is_g53 ? load_g53(m, path)
                   : (glm53_config_load_dir(path, &m->cfg) || glm53_config_validate(&m->cfg) || check_supported(&m->cfg) ||
@@ -88,6 +91,7 @@ void model_free_weights(glm53_model *m) {
       mla_weights *a = &L->mla;
       wmat *am[] = {&a->q_a, &a->q_b, &a->kv_a, &a->kv_b, &a->o_proj, &a->idx.wq_b, &a->idx.wk, &a->idx.weights_proj, &a->idx.gate};
       for (size_t i = 0; i < sizeof am / sizeof *am; i++) wmat_free(am[i]);
+      free(a->kv_b_f32);
       free(a->q_a_norm); free(a->kv_a_norm); free(a->idx.k_norm_w); free(a->idx.k_norm_b); free(a->idx.ape);
       free_mlp(&L->dense);
       wmat_free(&L->moe.router);

@@ -43,6 +43,7 @@ typedef struct {
   wmat kv_a;          /* [kv_lora][D] */
   float *kv_a_norm;   /* [kv_lora] */
   wmat kv_b;          /* [H*(nope+v)][kv_lora] */
+  float *kv_b_f32;    /* fp32 copy when kv_b is quantized (mla.c, made on first CPU use) */
   wmat o_proj;        /* [D][H*v] */
   int has_indexer;
   indexer_weights idx;
@@ -75,6 +76,7 @@ struct glm53_model {
   glm53_config cfg;
   const struct glm53_backend *backend; /* chosen at load (model.c) */
   void *backend_model;                 /* backend-private (e.g. device weights) */
+  double gpu_expert_gb;                /* glm53_load_opts.gpu_expert_gb, for the gpu backend */
   char *dir;
   wmat embed;    /* [V][D] */
   float *final_norm;

@@ -92,6 +92,22 @@ size_t wmat_bytes(const wmat *w) {
   }
 }
 
+wmat wmat_rows(const wmat *w, int r0, int n) {
+  wmat v = *w;
+  v.rows = n;
+  v.owned = NULL;
+  size_t off = (size_t)r0 * w->cols;
+  switch (w->fmt) {
+  case WMAT_F32: v.data = (const float *)w->data + off; break;
+  case WMAT_BF16: v.data = (const uint16_t *)w->data + off; break;
+  case WMAT_Q8: v.data = (const int8_t *)w->data + off; break;
+  case WMAT_Q4: v.data = (const uint8_t *)w->data + off / 2; break;
+  default: break;
+  }
+  if (v.scales) v.scales = (const uint16_t *)w->scales + off / w->group;
+  return v;
+}
+
 void wmat_free(wmat *w) {
   free(w->owned);
   memset(w, 0, sizeof *w);

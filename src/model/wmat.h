@@ -34,6 +34,10 @@ void wmat_get_row(const wmat *w, int r, float *out);
 /* The plain-C dequantization (reference for the SIMD kernels' tests). */
 void wmat_get_row_generic(const wmat *w, int r, float *out);
 size_t wmat_bytes(const wmat *w);
+/* Rows [r0, r0+n) of w as a non-owning view (any format; e.g. one head's
+ * W_UV block of kv_b, so it can go through wmat_matmul without dequantizing
+ * the whole matrix). */
+wmat wmat_rows(const wmat *w, int r0, int n);
 void wmat_free(wmat *w);
 
 #endif

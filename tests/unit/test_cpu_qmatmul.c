@@ -73,6 +73,8 @@ int main(void) {
       check(isa, WMAT_Q4, 37, 256, 32, 0, n, seed++);
       check(isa, WMAT_Q4, 19, 384, 128, 1, n, seed++);
       check(isa, WMAT_Q4, 70, 512, 64, 0, n, seed++);
+      check(isa, WMAT_Q4, 13, 160, 32, 1, n, seed++); /* odd number of 32-blocks (tail path) */
+      check(isa, WMAT_Q4, 9, 192, 64, 0, n, seed++);
       check(isa, WMAT_Q8, 37, 256, 32, 0, n, seed++);
       check(isa, WMAT_Q8, 21, 384, 128, 1, n, seed++);
       check(isa, WMAT_BF16, 33, 160, 0, 0, n, seed++);
@@ -80,6 +82,22 @@ int main(void) {
     /* a large row count so the OpenMP path runs */
     check(isa, WMAT_Q4, 600, 1024, 32, 0, 1, seed++);
     check(isa, WMAT_Q8, 300, 1024, 32, 0, 2, seed++);
+  }
+  /* a row view multiplies like the same rows of the whole matrix */
+  {
+    trng r = {42};
+    static const int fmts[3] = {WMAT_Q4, WMAT_Q8, WMAT_BF16};
+    for (int f = 0; f < 3; f++) {
+      wmat w;
+      fill(&r, &w, fmts[f], 12, 128, fmts[f] == WMAT_BF16 ? 0 : 32, 0);
+      float x[128], y[12], yv[5];
+      for (int j = 0; j < 128; j++) x[j] = (float)trng_normal(&r);
+      wmat_matvec(&w, x, y);
+      wmat v = wmat_rows(&w, 5, 5);
+      wmat_matvec(&v, x, yv);
+      CHECK(v.owned == NULL && memcmp(y + 5, yv, sizeof yv) == 0, "row view fmt %d", fmts[f]);
+      wmat_free(&w);
+    }
   }
   /* unsupported shapes are refused (generic path takes them) */
   wmat w = {.fmt = WMAT_Q4, .rows = 2, .cols = 48, .group = 16};
