@@ -7,6 +7,7 @@
 #define GLM53_TEST_HF_WRITER_H
 #include "model/bind.h"
 #include "core/util.h"
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -86,38 +87,51 @@ static int hfw_visit(void *vctx, const bind_item *it) {
   return 0;
 }
 
-static void hfw_write_config(const char *dir, const glm53_config *g) {
-  char path[4096];
-  snprintf(path, sizeof path, "%s/config.json", dir);
-  FILE *f = fopen(path, "w");
-  fprintf(f, "{\"model_type\":\"glm5_next\",\"vocab_size\":%d,\"hidden_size\":%d,\"intermediate_size\":%d,\"moe_intermediate_size\":%d,"
-             "\"num_hidden_layers\":%d,\"rms_norm_eps\":%g,\"tie_word_embeddings\":%s,\"num_attention_heads\":%d,\"num_key_value_heads\":%d,"
-             "\"q_lora_rank\":%d,\"kv_lora_rank\":%d,\"qk_nope_head_dim\":%d,\"qk_rope_head_dim\":0,\"v_head_dim\":%d,"
-             "\"index_n_heads\":%d,\"index_head_dim\":%d,\"index_topk\":%d,\"index_kpool\":%d,\"index_kpool_always_select_tail\":%s,"
-             "\"linear_num_heads\":%d,\"linear_head_dim\":%d,\"linear_conv_kernel_dim\":%d,\"linear_lower_bound\":%g,"
-             "\"hc_mult\":%d,\"hc_sinkhorn_iters\":%d,\"hc_eps\":%g,\"n_routed_experts\":%d,\"num_experts_per_tok\":%d,"
-             "\"n_shared_experts\":%d,\"n_group\":%d,\"topk_group\":%d,\"norm_topk_prob\":%s,\"routed_scaling_factor\":%g,\"swiglu_limit\":%g,",
-          g->vocab_size, g->hidden_size, g->intermediate_size, g->moe_intermediate_size, g->num_hidden_layers, g->rms_norm_eps,
-          g->tie_word_embeddings ? "true" : "false", g->num_attention_heads, g->num_key_value_heads, g->q_lora_rank, g->kv_lora_rank,
-          g->qk_nope_head_dim, g->v_head_dim, g->index_n_heads, g->index_head_dim, g->index_topk, g->index_kpool,
-          g->index_kpool_always_select_tail ? "true" : "false", g->linear_num_heads, g->linear_head_dim, g->linear_conv_kernel_dim,
-          g->linear_lower_bound, g->hc_mult, g->hc_sinkhorn_iters, g->hc_eps, g->n_routed_experts, g->num_experts_per_tok,
-          g->n_shared_experts, g->n_group, g->topk_group, g->norm_topk_prob ? "true" : "false", g->routed_scaling_factor, g->swiglu_limit);
-  const char *lt[] = {"linear_attention", "deepseek_sparse_attention"}, *mt[] = {"dense", "sparse"}, *it[] = {"full", "shared"};
-  const uint8_t *sch[3] = {g->layer_types, g->mlp_layer_types, g->indexer_types};
-  const char **nm[3] = {lt, mt, it}, *key[3] = {"layer_types", "mlp_layer_types", "indexer_types"};
-  for (int s = 0; s < 3; s++) {
-    fprintf(f, "\"%s\":[", key[s]);
-    for (int l = 0; l < g->num_hidden_layers; l++) fprintf(f, "%s\"%s\"", l ? "," : "", nm[s][sch[s][l]]);
-    fprintf(f, "]%s", s < 2 ? "," : "}\n");
+/* config.json for g (flat text fields, as transformers accepts them). */
+static char *hfw_config_json(const glm53_config *c) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "model_type", "glm5_next");
+#define HFW_NUM(k) cJSON_AddNumberToObject(o, #k, c->k)
+  HFW_NUM(vocab_size); HFW_NUM(hidden_size); HFW_NUM(intermediate_size); HFW_NUM(moe_intermediate_size);
+  HFW_NUM(num_hidden_layers); HFW_NUM(rms_norm_eps); HFW_NUM(num_attention_heads); HFW_NUM(num_key_value_heads);
+  HFW_NUM(q_lora_rank); HFW_NUM(kv_lora_rank); HFW_NUM(qk_nope_head_dim); HFW_NUM(qk_rope_head_dim); HFW_NUM(v_head_dim);
+  HFW_NUM(index_n_heads); HFW_NUM(index_head_dim); HFW_NUM(index_topk); HFW_NUM(index_kpool); HFW_NUM(linear_num_heads);
+  HFW_NUM(linear_head_dim); HFW_NUM(linear_conv_kernel_dim); HFW_NUM(linear_lower_bound); HFW_NUM(hc_mult);
+  HFW_NUM(hc_sinkhorn_iters); HFW_NUM(hc_eps); HFW_NUM(n_routed_experts); HFW_NUM(num_experts_per_tok);
+  HFW_NUM(n_shared_experts); HFW_NUM(n_group); HFW_NUM(topk_group); HFW_NUM(routed_scaling_factor); HFW_NUM(swiglu_limit);
+  HFW_NUM(max_position_embeddings);
+#undef HFW_NUM
+  cJSON_AddBoolToObject(o, "norm_topk_prob", c->norm_topk_prob);
+  cJSON_AddBoolToObject(o, "index_kpool_always_select_tail", c->index_kpool_always_select_tail);
+  cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings);
+  if (c->pad_token_id >= 0) cJSON_AddNumberToObject(o, "pad_token_id", c->pad_token_id);
+  else cJSON_AddNullToObject(o, "pad_token_id");
+  cJSON_AddNullToObject(o, "bos_token_id");
+  cJSON *eos = cJSON_AddArrayToObject(o, "eos_token_id");
+  for (int i = 0; i < c->n_eos; i++) cJSON_AddItemToArray(eos, cJSON_CreateNumber(c->eos_token_id[i]));
+  static const char *an[] = {"linear_attention", "deepseek_sparse_attention"}, *mn[] = {"dense", "sparse"},
+                    *in[] = {"full", "shared"};
+  cJSON *lt = cJSON_AddArrayToObject(o, "layer_types"), *mt = cJSON_AddArrayToObject(o, "mlp_layer_types"),
+        *it = cJSON_AddArrayToObject(o, "indexer_types");
+  for (int l = 0; l < c->num_hidden_layers; l++) {
+    cJSON_AddItemToArray(lt, cJSON_CreateString(an[c->layer_types[l]]));
+    cJSON_AddItemToArray(mt, cJSON_CreateString(mn[c->mlp_layer_types[l]]));
+    cJSON_AddItemToArray(it, cJSON_CreateString(in[c->indexer_types[l]]));
   }
-  fclose(f);
+  char *text = cJSON_Print(o);
+  cJSON_Delete(o);
+  return text;
 }
 
 /* Saves m (fp32 weights) to dir; bf16 != 0 stores BF16 (rounded). */
 static int hfw_save(const glm53_model *m, const char *dir, int bf16, int tf5) {
   mkdir(dir, 0755);
-  hfw_write_config(dir, &m->cfg);
+  char path[4096];
+  snprintf(path, sizeof path, "%s/config.json", dir);
+  char *cfg = hfw_config_json(&m->cfg);
+  int rc = write_file_atomic(path, cfg, strlen(cfg));
+  free(cfg);
+  if (rc) return -1;
   hfw_ctx c = {.tf5 = tf5, .m = m};
   /* walk a shallow copy so the walk's bookkeeping does not touch m */
   glm53_model tmp = *m;
@@ -136,9 +150,9 @@ static int hfw_save(const glm53_model *m, const char *dir, int bf16, int tf5) {
   }
   hl += (size_t)sprintf(hdr + hl, "}");
   while (hl % 8) hdr[hl++] = ' ';
-  char path[4096];
   snprintf(path, sizeof path, "%s/model.safetensors", dir);
   FILE *f = fopen(path, "wb");
+  if (!f) { free(hdr); return -1; }
   uint64_t h64 = hl;
   fwrite(&h64, 8, 1, f);
   fwrite(hdr, 1, hl, f);
@@ -152,9 +166,9 @@ static int hfw_save(const glm53_model *m, const char *dir, int bf16, int tf5) {
     }
     free(c.t[i].data);
   }
-  fclose(f);
+  rc = fclose(f);
   free(c.t);
   free(hdr);
-  return 0;
+  return rc ? -1 : 0;
 }
 #endif

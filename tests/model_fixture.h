@@ -34,7 +34,7 @@ static void fx_config(glm53_config *c, int index_topk, int kpool, int shared) {
   c->hc_mult = 4; c->hc_sinkhorn_iters = 20; c->hc_eps = 1e-6f;
   c->n_routed_experts = 8; c->num_experts_per_tok = 2; c->n_shared_experts = 1; c->n_group = 2; c->topk_group = 1;
   c->norm_topk_prob = 1; c->routed_scaling_factor = 2.5f; c->swiglu_limit = 1.0f;
-  c->pad_token_id = -1; c->bos_token_id = -1;
+  c->pad_token_id = -1; c->bos_token_id = -1; c->max_position_embeddings = 1 << 20;
   static const int kinds[6] = {ATTN_KDA, ATTN_KDA, ATTN_MLA, ATTN_KDA, ATTN_MLA, ATTN_MLA};
   for (int l = 0; l < 6; l++) {
     c->layer_types[l] = kinds[l];

@@ -1,6 +1,6 @@
 # Shared helpers for tests/integration/test_server_*.sh (sourced, not a test).
-# srv_model: models/tiny when it has been trained, else a random fixture
-# written by tests/node/make_tiny_model.mjs. srv_start ARGS...: starts
+# srv_model: models/tiny when it has been trained, else the random fixture
+# model written by the test_generate binary (tests/model_fixture_save.h). srv_start ARGS...: starts
 # `glm53 serve` on a free loopback port in the background and waits for
 # /health (one compute thread: OpenMP spinning on a shared 2-core box makes
 # timings erratic); sets SRV_PID, SRV_PORT, SRV_URL, SRV_LOG. srv_cleanup kills what
@@ -32,7 +32,7 @@ srv_model() {
     SRV_MODEL=models/tiny
   else
     SRV_MODEL="$SRV_TMP/fixture"
-    node tests/node/make_tiny_model.mjs "$SRV_MODEL" >/dev/null
+    "$(dirname "$BIN")/test_generate" --write-model-dir "$SRV_MODEL" >/dev/null
   fi
 }
 
