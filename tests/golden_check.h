@@ -18,15 +18,6 @@
 
 #define GOLDEN_TOL 1e-4
 
-static double golden_row_rel(const float *a, const float *b, int V) {
-  double mx = 0, d = 0;
-  for (int v = 0; v < V; v++) {
-    mx = fmax(mx, fabs(b[v]));
-    d = fmax(d, fabs((double)a[v] - b[v]));
-  }
-  return d / fmax(mx, 1e-30);
-}
-
 /* Runs one case of DIR/goldens.json; returns the worst asserted row's
  * relative difference (or -1 if the case could not run). */
 static double golden_run_case(glm53_model *m, const char *dir, const cJSON *cs) {
@@ -57,7 +48,7 @@ static double golden_run_case(glm53_model *m, const char *dir, const cJSON *cs) 
   int raw = !strcmp(ref, "hf_raw");
   double worst = 0, worst_beyond = 0;
   for (int t = 0; t < T; t++) {
-    double d = golden_row_rel(out + (size_t)t * V, gold + (size_t)t * V, V);
+    double d = rows_rel_diff(gold + (size_t)t * V, out + (size_t)t * V, 1, V);
     if (raw && t + 1 > m->cfg.index_topk) { worst_beyond = fmax(worst_beyond, d); continue; }
     worst = fmax(worst, d);
     CHECK(d <= GOLDEN_TOL, "%s/%s (%s, T=%d, decode_from=%d) row %d: rel diff %.3g", dir, name, ref, T, dfrom, t, d);

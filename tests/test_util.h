@@ -25,6 +25,22 @@ static int t_pass, t_fail;
     return t_fail ? 1 : 0;                                              \
   } while (0)
 
+/* Logit comparison used by every model test: the worst over rows of
+ * max|got - ref| / max|ref| (per row; NaN counts as an infinite difference). */
+static inline double rows_rel_diff(const float *ref, const float *got, int rows, int V) {
+  double worst = 0;
+  for (int r = 0; r < rows; r++) {
+    double mx = 0, d = 0;
+    for (int v = 0; v < V; v++) {
+      double e = fabs((double)ref[(size_t)r * V + v] - got[(size_t)r * V + v]);
+      mx = fmax(mx, fabs(ref[(size_t)r * V + v]));
+      d = isnan(e) ? INFINITY : fmax(d, e);
+    }
+    worst = fmax(worst, d / fmax(mx, 1e-30));
+  }
+  return worst;
+}
+
 /* Deterministic random numbers for tests (xorshift64*), fresh per seed. */
 typedef struct { uint64_t s; } trng;
 static inline uint64_t trng_u64(trng *r) {

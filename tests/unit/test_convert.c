@@ -17,19 +17,6 @@
 #define NTOK 24
 #define NGEN 16
 
-static float rel_diff(const float *a, const float *b, int rows, int V) {
-  float worst = 0;
-  for (int r = 0; r < rows; r++) {
-    float mx = 0, d = 0;
-    for (int v = 0; v < V; v++) {
-      mx = fmaxf(mx, fabsf(a[(size_t)r * V + v]));
-      d = fmaxf(d, fabsf(a[(size_t)r * V + v] - b[(size_t)r * V + v]));
-    }
-    worst = fmaxf(worst, d / fmaxf(mx, 1e-30f));
-  }
-  return worst;
-}
-
 static void run(glm53_model *m, const int32_t *tok, float *out) {
   glm53_session *s = glm53_session_new(m, NTOK + NGEN);
   CHECK(glm53_forward(s, tok, NTOK, out, 1) == 0, "%s", glm53_last_error());
@@ -113,7 +100,7 @@ int main(void) {
   hfw_save(m0, b, 1, 1);
 
   glm53_model *m = load(a);
-  if (m) { run(m, tok, got); CHECK(rel_diff(ref, got, NTOK, V) == 0.0f, "HF f32 checkpoint differs from the in-memory model"); glm53_model_free(m); }
+  if (m) { run(m, tok, got); CHECK(rows_rel_diff(ref, got, NTOK, V) == 0.0f, "HF f32 checkpoint differs from the in-memory model"); glm53_model_free(m); }
 
   static const int bits[3] = {8, 4, 16};
   static const float tol[3] = {2e-2f, 0.25f, 2e-2f};
@@ -124,7 +111,7 @@ int main(void) {
     m = load(o);
     if (!m) continue;
     run(m, tok, got);
-    float d = rel_diff(ref, got, NTOK, V);
+    float d = (float)rows_rel_diff(ref, got, NTOK, V);
     greedy(m, tok, g);
     int agree = 0;
     for (int i = 0; i < NGEN; i++) agree += g[i] == gref[i];
@@ -138,7 +125,7 @@ int main(void) {
   float *hfb = xmalloc((size_t)NTOK * V * 4);
   if (m) {
     run(m, tok, hfb);
-    float d = rel_diff(ref, hfb, NTOK, V);
+    float d = (float)rows_rel_diff(ref, hfb, NTOK, V);
     printf("HF bf16 (tf5 names, fused experts) vs fp32: %.4g\n", d);
     CHECK(d <= 2e-2f, "bf16 checkpoint rel diff %g", d);
     glm53_model_free(m);
@@ -146,14 +133,14 @@ int main(void) {
   snprintf(o, sizeof o, "%s/g53_bf16", root);
   if (!convert(b, o, 16) && (m = load(o))) {
     run(m, tok, got);
-    float d = rel_diff(hfb, got, NTOK, V);
+    float d = (float)rows_rel_diff(hfb, got, NTOK, V);
     CHECK(d <= 1e-4f, "bf16 .g53 vs bf16 HF: %g", d);
     glm53_model_free(m);
   }
   snprintf(o, sizeof o, "%s/g53_tf5_q8", root);
   if (!convert(b, o, 8) && (m = load(o))) {
     run(m, tok, got);
-    float d = rel_diff(ref, got, NTOK, V);
+    float d = (float)rows_rel_diff(ref, got, NTOK, V);
     CHECK(d <= 2e-2f, "q8 from fused bf16: %g", d);
     glm53_model_free(m);
   }

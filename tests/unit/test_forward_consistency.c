@@ -6,19 +6,6 @@
 #include "glm53.h"
 #include "model_fixture.h"
 
-static float max_rel_row_diff(const float *a, const float *b, int rows, int V) {
-  float worst = 0;
-  for (int r = 0; r < rows; r++) {
-    float mx = 0, d = 0;
-    for (int v = 0; v < V; v++) {
-      mx = fmaxf(mx, fabsf(a[(size_t)r * V + v]));
-      d = fmaxf(d, fabsf(a[(size_t)r * V + v] - b[(size_t)r * V + v]));
-    }
-    worst = fmaxf(worst, d / fmaxf(mx, 1e-30f));
-  }
-  return worst;
-}
-
 /* Runs tokens with the given chunk pattern (chunk sizes cycle; 0 ends). */
 static void run_chunks(glm53_model *m, const int32_t *tok, int n, const int *chunks, float *out) {
   glm53_session *s = glm53_session_new(m, n);
@@ -46,13 +33,13 @@ static void check_model(int topk, int kpool, int shared, uint64_t seed) {
   static const int patterns[][6] = {{1, 0}, {5, 0}, {3, 7, 2, 0}, {64, 1, 0}, {2, 11, 0}};
   for (size_t p = 0; p < sizeof patterns / sizeof *patterns; p++) {
     run_chunks(m, tok, n, patterns[p], other);
-    float d = max_rel_row_diff(full, other, n, V);
+    float d = rows_rel_diff(full, other, n, V);
     CHECK(d == 0.0f, "topk=%d kpool=%d shared=%d pattern %zu: max rel diff %g", topk, kpool, shared, p, d);
   }
   /* prefix prefilled alone == same rows of the longer prefill */
   int pre = 2 * topk + 1;
   run_chunks(m, tok, pre, (int[]){pre, 0}, other);
-  float d = max_rel_row_diff(full, other, pre, V);
+  float d = rows_rel_diff(full, other, pre, V);
   CHECK(d == 0.0f, "prefix rows differ: %g", d);
   free(tok); free(full); free(other);
   glm53_model_free(m);
