@@ -158,8 +158,7 @@ void kda_forward(const kda_weights *w, const glm53_config *c, kda_state *st, con
       for (int i = 0; i < hd; i++) {
         float *gi = &g[(size_t)t * inner + h * hd + i];
         float x = *gi + w->dt_bias[h * hd + i];
-        if (!isnan(c->linear_lower_bound)) *gi = c->linear_lower_bound * sigmoidf_(rate * x);
-        else *gi = -rate * (x > 20.0f ? x : log1pf(expf(x))); /* softplus form (no lower bound) */
+        *gi = c->linear_lower_bound * sigmoidf_(rate * x); /* a scale, not a clamp; a null bound is rejected at load */
       }
     }
   float *beta = xmalloc((size_t)T * H * sizeof(float));
