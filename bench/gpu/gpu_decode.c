@@ -7,7 +7,15 @@
  * Prints: measured D2D copy bandwidth and bf16 cuBLAS GEMM rate (ceilings),
  * batch-1 decode tok/s at short and 4K context with achieved weight
  * bandwidth, prefill tok/s at 4096 tokens with achieved TFLOP/s.
- * Usage: gpu_decode [experts=32] [decode_steps=32] */
+ * Modes (third argument):
+ *  bf16 (default) as above;
+ *  q4: every matrix in Q4 (group 32, bf16 scales; the GEMV shapes in Q4 too)
+ *      so that more experts fit (e.g. 128): decode at short context;
+ *  stream: the bf16 model at several routed-expert VRAM budgets (all
+ *      resident .. nothing resident, cache slots 1/4 of the budget or 2 x
+ *      top-k): decode tok/s against the cache hit rate and the bytes copied,
+ *      next to the pinned host->device bandwidth measured in the same run.
+ * Usage: gpu_decode [experts=32] [decode_steps=32] [bf16|q4|stream] */
 #include "glm53.h"
 #include "gpu/glm53_gpu.h"
 #include "gpu/kernels/gk.h"
@@ -17,14 +25,34 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static uint64_t mix64(uint64_t x) {
   x ^= x >> 33; x *= 0xff51afd7ed558ccdull; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ull; x ^= x >> 33;
   return x;
 }
 static uint64_t g_seed = 1;
+static int g_q4; /* synthesise Q4 matrices */
+/* Q4 (docs/format.md fmt=4): random nibbles, bf16 group scales giving the
+ * same standard deviation as bmat */
+static void qmat(wmat *w, int rows, int cols) {
+  size_t n = (size_t)rows * cols, ng = n / 32;
+  uint8_t *d = xmalloc(n / 2 + ng * 2);
+  uint16_t *sc = (uint16_t *)(d + n / 2);
+  uint64_t seed = mix64(++g_seed);
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < n / 16; i++) {
+    uint64_t h = mix64(seed + i);
+    memcpy(d + i * 8, &h, 8);
+  }
+  const float s = sqrtf(1.0f / cols) / 4.61f; /* nibble - 8 has sd ~4.61 */
+  for (size_t g = 0; g < ng; g++) sc[g] = f32_to_bf16(s * (0.75f + 0.5f * (float)(mix64(seed ^ (g + 0x9e37)) >> 40) / 16777216.0f));
+  w->fmt = WMAT_Q4; w->rows = rows; w->cols = cols; w->group = 32; w->scale_bf16 = 1;
+  w->data = d; w->scales = sc; w->owned = d;
+}
 /* uniform with the given standard deviation, as bf16 */
 static void bmat(wmat *w, int rows, int cols) {
+  if (g_q4 && cols % 32 == 0) { qmat(w, rows, cols); return; }
   size_t n = (size_t)rows * cols;
   uint16_t *d = xmalloc(n * 2);
   float a = sqrtf(3.0f / cols);
@@ -155,41 +183,104 @@ static void gemv_shapes(double bw) {
   static const int shapes[][2] = {{154880, 4096}, {12288, 4096}, {8192, 4096}, {4096, 8192}, {2048, 4096}, {4096, 2048}, {128, 4096}};
   float *x = gk_malloc(16384 * 4), *y = gk_malloc((size_t)154880 * 4);
   gk_fill_random(x, 16384 * 4, 3); /* any finite values will do for timing */
-  for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
-    gpu_mat W = {.fmt = WMAT_BF16, .rows = shapes[i][0], .cols = shapes[i][1]};
-    size_t nb = (size_t)W.rows * W.cols * 2;
+  for (size_t i = 0; i < 2 * sizeof shapes / sizeof *shapes; i++) {
+    int q4 = i >= sizeof shapes / sizeof *shapes;
+    const int *sh = shapes[i % (sizeof shapes / sizeof *shapes)];
+    gpu_mat W = {.fmt = q4 ? WMAT_Q4 : WMAT_BF16, .rows = sh[0], .cols = sh[1], .group = 32, .scale_bf16 = 1};
+    size_t nb = q4 ? (size_t)W.rows * W.cols / 2 + (size_t)W.rows * W.cols / 32 * 2 : (size_t)W.rows * W.cols * 2;
     void *d = gk_malloc(nb);
     gk_fill_random(d, nb, 5);
     W.d = d;
+    if (q4) W.s = (char *)d + (size_t)W.rows * W.cols / 2;
     int reps = nb > (100u << 20) ? 20 : 200;
-    gk_matmul(&W, x, 1, W.cols, y, W.rows);
     void *a = gk_event_new(), *b = gk_event_new();
-    gk_event_record(a);
-    for (int r = 0; r < reps; r++) gk_matmul(&W, x, 1, W.cols, y, W.rows);
-    gk_event_record(b);
-    double us = gk_event_ms(a, b) * 1e3 / reps;
-    printf("gemv bf16 %6d x %5d: %7.1f us, %5.0f GB/s (%.0f%% of copy bw)\n", W.rows, W.cols, us, nb / us / 1e3,
-           100.0 * nb / us / 1e3 / bw);
+    float *hy[2] = {xmalloc((size_t)W.rows * 4), xmalloc((size_t)W.rows * 4)};
+    for (int v = 1; v <= 2; v++) { /* previous kernel, then the current one */
+      gk_set_gemv_version(v);
+      gk_matmul(&W, x, 1, W.cols, y, W.rows);
+      gk_event_record(a);
+      for (int r = 0; r < reps; r++) gk_matmul(&W, x, 1, W.cols, y, W.rows);
+      gk_event_record(b);
+      double us = gk_event_ms(a, b) * 1e3 / reps;
+      printf("gemv v%d %s %6d x %5d: %7.1f us, %5.0f GB/s (%.0f%% of copy bw)\n", v, q4 ? "q4  " : "bf16", W.rows, W.cols, us,
+             nb / us / 1e3, 100.0 * nb / us / 1e3 / bw);
+      gk_d2h(hy[v - 1], y, (size_t)W.rows * 4);
+    }
+    printf("gemv v1 vs v2 %s %d x %d: %s\n", q4 ? "q4" : "bf16", W.rows, W.cols,
+           memcmp(hy[0], hy[1], (size_t)W.rows * 4) ? "OUTPUTS DIFFER" : "bitwise equal");
+    free(hy[0]); free(hy[1]);
+    gk_set_gemv_version(0);
     gk_event_free(a); gk_event_free(b);
     gk_free(d);
   }
   gk_free(x); gk_free(y);
 }
 
+/* decode at short context for several routed-expert budgets */
+static int stream_bench(glm53_model *m, int E, int steps, size_t dbytes) {
+  double h2d = gk_time_h2d_gbs((size_t)1 << 30, 8);
+  printf("host->device (pinned cudaMemcpyAsync, 1 GiB x 8): %.1f GB/s\n", h2d);
+  const glm53_config *c = &m->cfg;
+  double blob = 3.0 * c->moe_intermediate_size * c->hidden_size * 2; /* bf16 gate+up+down */
+  double total = blob * E * 5;
+  static const double fr[] = {-1, 0.75, 0.5, 0.25, 0};
+  const int V = c->vocab_size, ctx = 64 + steps + 16;
+  int32_t *tok = xmalloc((size_t)ctx * sizeof(int32_t));
+  for (int i = 0; i < ctx; i++) tok[i] = (int32_t)(mix64(i + 17) % V);
+  float *logits = xmalloc((size_t)V * sizeof(float));
+  for (size_t i = 0; i < sizeof fr / sizeof *fr; i++) {
+    if (m->backend->model_free) m->backend->model_free(m);
+    m->backend = glm53_cpu_backend();
+    m->gpu_expert_gb = fr[i] < 0 ? -1 : fr[i] > 0 ? fr[i] * total / 1e9 : 1e-12;
+    double t0 = now_sec();
+    if (glm53_backend_select(m, "gpu")) { printf("gpu backend: %s\n", glm53_last_error()); return 1; }
+    double tinit = now_sec() - t0;
+    glm53_gpu_expert_stats st;
+    glm53_gpu_expert_stats_get(m, &st);
+    glm53_session *s = glm53_session_new(m, ctx);
+    if (!s) { printf("session: %s\n", glm53_last_error()); return 1; }
+    run(s, tok, 64, logits);
+    for (int w = 0; w < 3; w++) run(s, tok + 64 + w, 1, logits);
+    glm53_gpu_expert_stats_reset(m);
+    double t1 = now_sec();
+    for (int k = 0; k < steps; k++) glm53_forward(s, tok + 67 + k, 1, logits, 0);
+    double dt = (now_sec() - t1) / steps;
+    glm53_gpu_expert_stats_get(m, &st);
+    unsigned long long u = st.hits + st.misses;
+    double gbt = st.bytes_h2d / 1e9 / steps;
+    printf("stream budget %5.2f GB (%3.0f%% of %.2f GB experts): %3ld resident, %3ld streamed, %3d slots; decode %.2f ms/token = "
+           "%.1f tok/s; hit rate %5.1f%% (%llu hits, %llu misses), %.3f GB/token copied = %.0f%% of the step at the measured "
+           "H2D bandwidth; init %.1f s\n",
+           fr[i] < 0 ? total / 1e9 : m->gpu_expert_gb, fr[i] < 0 ? 100.0 : 100 * fr[i], total / 1e9, st.resident, st.streamed,
+           st.slots, dt * 1e3, 1 / dt, u ? 100.0 * st.hits / u : 100.0, st.hits, st.misses, gbt,
+           h2d > 0 ? 100.0 * gbt / h2d / dt : 0.0, tinit);
+    glm53_session_free(s);
+  }
+  (void)dbytes;
+  free(tok); free(logits);
+  glm53_model_free(m);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   int E = argc > 1 ? atoi(argv[1]) : 32, steps = argc > 2 ? atoi(argv[2]) : 32;
+  const char *mode = argc > 3 ? argv[3] : "bf16";
+  if (strcmp(mode, "bf16") && strcmp(mode, "q4") && strcmp(mode, "stream")) { fprintf(stderr, "unknown mode %s\n", mode); return 2; }
+  g_q4 = !strcmp(mode, "q4");
+  unsetenv("GLM53_GPU_EXPERT_GB");
   char why[256];
   if (!glm53_gpu_available(why, sizeof why)) { printf("SKIP: no GPU device (%s)\n", why); return 0; }
   printf("device: %s\n", glm53_gpu_device_desc());
   double bw = gk_time_d2d_gbs((size_t)2 << 30, 20);
   double tf = gk_time_bf16_gemm_tflops(8192, 8192, 8192, 10);
   printf("ceilings: D2D copy %.0f GB/s (read+write), bf16 cuBLAS GEMM 8192^3 %.0f TFLOP/s\n", bw, tf);
-  gemv_shapes(bw);
+  if (strcmp(mode, "stream")) gemv_shapes(bw);
   size_t dbytes;
   double active;
   double t0 = now_sec();
   glm53_model *m = synth(E, &dbytes, &active);
-  printf("synthetic model: 6 layers, %d experts, built in %.1f s\n", E, now_sec() - t0);
+  printf("synthetic model: 6 layers, %d experts, %s, built in %.1f s\n", E, g_q4 ? "q4 (group 32)" : "bf16", now_sec() - t0);
+  if (!strcmp(mode, "stream")) return stream_bench(m, E, steps, dbytes);
   t0 = now_sec();
   if (glm53_backend_select(m, "gpu")) { printf("gpu backend: %s\n", glm53_last_error()); return 1; }
   printf("gpu model_init (validation + upload) %.1f s\n", now_sec() - t0);
@@ -203,8 +294,14 @@ int main(int argc, char **argv) {
   run(s, tok, 64, logits);
   double dt = decode(s, steps, tok + 64, logits);
   glm53_gpu_profile_dump("(warm-up + short-context decode)");
-  printf("decode @ctx 64:   %.2f ms/token = %.1f tok/s; weights read %.2f GB/token -> %.0f GB/s (%.0f%% of copy bw)\n", dt * 1e3,
-         1 / dt, dbytes / 1e9, dbytes / dt / 1e9, 100.0 * dbytes / dt / 1e9 / bw);
+  printf("decode @ctx 64 (%s, %d experts):   %.2f ms/token = %.1f tok/s; weights read %.2f GB/token -> %.0f GB/s (%.0f%% of copy bw)\n",
+         mode, E, dt * 1e3, 1 / dt, dbytes / 1e9, dbytes / dt / 1e9, 100.0 * dbytes / dt / 1e9 / bw);
+  if (g_q4) { /* Q4: decode only (the prefill GEMMs dequantise per call) */
+    glm53_session_free(s);
+    glm53_model_free(m);
+    free(tok); free(logits);
+    return 0;
+  }
   glm53_session_reset(s);
   run(s, tok, 512, logits); /* warm-up of the GEMM shapes */
   glm53_session_reset(s);

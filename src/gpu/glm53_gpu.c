@@ -1,9 +1,10 @@
 /* The gpu backend: weight upload (model_init), device-resident session
  * caches (session_init) and the forward, which mirrors src/model/forward.c
  * step for step with the device kernels of src/gpu/kernels. One stream; the
- * only host round trips are the token upload, the logits download and, for
- * prefill chunks of >= gk_gemm_min() tokens, the routed-expert ids (to group
- * tokens per expert for cuBLAS). Forwards are serialised by a mutex because
+ * only host round trips are the token upload, the logits download and the
+ * routed-expert ids for prefill chunks of >= gk_gemm_min() tokens (to group
+ * tokens per expert for cuBLAS) and for MoE layers with streamed experts
+ * (gpu_experts.c: which experts to copy). Forwards are serialised by a mutex because
  * the GEMM scratch buffers are shared. */
 #include "gpu/glm53_gpu.h"
 #include "gpu/kernels/gk.h"
@@ -56,6 +57,7 @@ typedef struct {
   void **allocs;
   int nallocs, cap;
   size_t bytes;
+  gpu_xcache xc; /* routed-expert placement / streaming */
 } gmodel;
 
 typedef struct {
@@ -80,6 +82,7 @@ typedef struct {
 } gsession;
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static const glm53_backend gpu_backend;
 
 /* GLM53_GPU_PROFILE=1: synchronise around each stage and accumulate wall
  * time per stage (bench/gpu prints it; adds a sync per stage, so totals
@@ -261,6 +264,16 @@ static int check_dims(const glm53_config *c) {
 static void gpu_model_free(glm53_model *m) {
   gmodel *g = m->backend_model;
   if (!g) return;
+  if (g->xc.active) {
+    const gpu_xcache *x = &g->xc;
+    uint64_t u = x->hits + x->misses;
+    LOG_INFO("gpu experts at model free: %llu cache hits, %llu misses (hit rate %.1f%%), %.3f GB copied host->device, "
+             "%llu uses of resident experts",
+             (unsigned long long)x->hits, (unsigned long long)x->misses, u ? 100.0 * x->hits / u : 0.0, x->bytes_h2d / 1e9,
+             (unsigned long long)x->uses_resident);
+  }
+  gk_sync(); /* copies in flight read the host blobs freed below */
+  gpu_xcache_free(&g->xc);
   for (int i = 0; i < g->nallocs; i++) gk_free(g->allocs[i]);
   if (g->layers)
     for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
@@ -337,22 +350,56 @@ static int upload(glm53_model *m, gmodel *g) {
       const int E = c->n_routed_experts;
       if (up_mat(g, &e->router, &G->router) || up_mlp(g, &e->shared, &G->shared)) return -1;
       G->bias = up_vec(g, e->bias, E, &rc);
-      G->h_exp = xcalloc((size_t)E * 3, sizeof(gpu_mat));
-      for (int i = 0; i < E; i++) {
-        gmlp x;
-        if (up_mlp(g, &e->experts[i], &x)) return -1;
-        G->h_exp[i * 3] = x.gate; G->h_exp[i * 3 + 1] = x.up; G->h_exp[i * 3 + 2] = x.down;
-      }
-      G->efmt = G->h_exp[0].fmt;
-      for (int i = 0; i < E * 3; i++) {
-        const gpu_mat *x = &G->h_exp[i];
-        if (x->fmt != G->efmt) return glm53_err("gpu: layer %d mixes expert weight formats", l);
-        if (x->fmt >= WMAT_Q8 && x->group % 8) return glm53_err("gpu: expert quantization group %d not a multiple of 8", x->group);
-      }
-      G->d_exp = mdev(g, (size_t)E * 3 * sizeof(gpu_mat));
-      if (!G->d_exp || gk_h2d(G->d_exp, G->h_exp, (size_t)E * 3 * sizeof(gpu_mat))) return glm53_err("gpu: %s", gk_error());
+      G->h_exp = xcalloc((size_t)E * 3, sizeof(gpu_mat)); /* filled by place_experts */
     }
   }
+  return rc;
+}
+
+static int up_cb(void *ctx, const wmat *w, gpu_mat *o) { return up_mat(ctx, w, o); }
+
+/* VRAM for routed experts: load option, else $GLM53_GPU_EXPERT_GB, else
+ * auto (free device memory after the dense weights minus a reserve for
+ * sessions and activations). -1: everything resident. */
+static double expert_budget(const glm53_model *m) {
+  double gb = m->gpu_expert_gb;
+  const char *e = getenv("GLM53_GPU_EXPERT_GB");
+  if (!(gb > 0) && e && *e) gb = atof(e) > 0 ? atof(e) : 1e-12; /* "0": nothing resident */
+  if (gb > 0) return gb * 1e9;
+  size_t fr = 0, tot = 0;
+  if (gk_mem_info(&fr, &tot)) return -1;
+  double reserve = 3.0 * (1 << 30) + 0.05 * (double)tot;
+  return (double)fr > reserve ? (double)fr - reserve : 0;
+}
+
+static int place_experts(glm53_model *m, gmodel *g) {
+  const glm53_config *c = &m->cfg;
+  const int E = c->n_routed_experts;
+  gpu_mat **hx = xcalloc((size_t)c->num_hidden_layers, sizeof(gpu_mat *));
+  for (int l = 0; l < c->num_hidden_layers; l++) hx[l] = g->layers[l].h_exp;
+  const char *se = getenv("GLM53_GPU_EXPERT_SLOTS");
+  double budget = expert_budget(m);
+  int rc = gpu_xcache_init(&g->xc, m, hx, budget, se ? atoi(se) : 0, up_cb, mdev_cb, g);
+  free(hx);
+  if (rc) return -1;
+  for (int l = 0; l < c->num_hidden_layers; l++) {
+    glayer *G = &g->layers[l];
+    if (!G->h_exp) continue;
+    G->efmt = G->h_exp[0].fmt;
+    for (int i = 0; i < E * 3; i++) {
+      const gpu_mat *x = &G->h_exp[i];
+      if (x->fmt != G->efmt) return glm53_err("gpu: layer %d mixes expert weight formats", l);
+      if (x->fmt >= WMAT_Q8 && x->group % 8) return glm53_err("gpu: expert quantization group %d not a multiple of 8", x->group);
+    }
+    G->d_exp = mdev(g, (size_t)E * 3 * sizeof(gpu_mat));
+    if (!G->d_exp || gk_h2d(G->d_exp, G->h_exp, (size_t)E * 3 * sizeof(gpu_mat))) return glm53_err("gpu: %s", gk_error());
+  }
+  if (g->xc.active)
+    LOG_INFO("gpu experts: %ld resident (%.2f GB), %ld streamed from %s host memory through %d cache slots of %.1f MB "
+             "(budget %.2f GB); decode graph replay off while streaming",
+             g->xc.resident, g->xc.resident_bytes / 1e9, g->xc.streamed, g->xc.host_pinned ? "pinned" : "pageable",
+             g->xc.nslots, g->xc.slot_bytes / 1e6, budget / 1e9);
+  return 0;
   return rc;
 }
 
@@ -372,7 +419,7 @@ static int gpu_model_init(glm53_model *m) {
   gmodel *g = xcalloc(1, sizeof *g);
   m->backend_model = g;
   double t0 = now_sec();
-  if (upload(m, g)) {
+  if (upload(m, g) || place_experts(m, g)) {
     glm53_err_ctx("gpu weight upload");
     gpu_model_free(m);
     return -1;
@@ -585,7 +632,75 @@ static int mla_dev(const glm53_config *c, const gmla *w, glstate *st, acts *A, i
   return gk_matmul(&w->o, A->mo, T, H * vd, A->a, D);
 }
 
-static int moe_dev(const glm53_config *c, const glayer *G, acts *A, int T) {
+/* One expert's pairs: the decode GEMV restricted to the pairs routed to e
+ * (bitwise what the all-pairs launch gives them), or for chunks of >=
+ * gk_gemm_min() tokens the gathered rows through mlp_dev, as moe_dev does. */
+static int expert_dev(const glm53_config *c, const glayer *G, acts *A, int T, int e, const int *cnt) {
+  const int D = c->hidden_size, k = c->num_experts_per_tok, I = c->moe_intermediate_size, np = T * k;
+  if (T < gk_gemm_min()) {
+    TRY(gk_matmul_expert_only(G->d_exp, 0, G->efmt, I, D, A->idx, np, k, 1, A->y, D, A->pg, I, e));
+    TRY(gk_matmul_expert_only(G->d_exp, 1, G->efmt, I, D, A->idx, np, k, 1, A->y, D, A->pu, I, e));
+    TRY(gk_swiglu_only(A->pg, A->pu, A->idx, np, I, e, c->swiglu_limit));
+    return gk_matmul_expert_only(G->d_exp, 2, G->efmt, D, I, A->idx, np, k, 0, A->pg, I, A->eo, D, e);
+  }
+  int n = cnt[e + 1] - cnt[e];
+  gmlp x = {G->h_exp[e * 3], G->h_exp[e * 3 + 1], G->h_exp[e * 3 + 2]};
+  TRY(gk_gather_rows(A->xin, A->y, A->trow + cnt[e], n, D));
+  TRY(mlp_dev(&x, c->swiglu_limit, A->xin, n, D, A->xg, A->xu, A->xo));
+  return gk_scatter_rows(A->eo, A->xo, A->prow + cnt[e], n, D);
+}
+
+/* MoE of a layer with streamed experts: the routing comes back to the host
+ * (while the shared expert runs), the missing experts are copied into cache
+ * slots by the copy stream (as many as free slots allow before any compute,
+ * so the copy of one overlaps the products of the previous), then each used
+ * expert's products run after its copy. */
+static int moe_stream(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
+  glayer *G = &g->layers[l];
+  gpu_xcache *x = &g->xc;
+  const int D = c->hidden_size, E = c->n_routed_experts, k = c->num_experts_per_tok, np = T * k;
+  TRY(gk_matmul(&G->router, A->y, T, D, A->logits, E));
+  TRY(gk_moe_route(A->logits, G->bias, T, E, k, c->n_group, c->topk_group, c->norm_topk_prob, c->routed_scaling_factor,
+                   A->idx, A->wt));
+  int *hidx = gpu_xcache_idx(x, (size_t)np);
+  TRY(gk_d2h_async(hidx, A->idx, (size_t)np * sizeof(int)));
+  TRY(gk_event_on_compute(x->route_ev));
+  TRY(mlp_dev(&G->shared, c->swiglu_limit, A->y, T, D, A->sg, A->su, A->a));
+  TRY(gk_event_sync(x->route_ev));
+  int *cnt = xcalloc((size_t)E + 1, sizeof(int)), *u = xmalloc((size_t)E * sizeof(int)), nu = 0;
+  char *placed = xcalloc((size_t)E, 1);
+  int rc = 0;
+  for (int p = 0; p < np; p++)
+    if (hidx[p] >= 0 && hidx[p] < E) cnt[hidx[p] + 1]++;
+  for (int e = 0; e < E; e++)
+    if (cnt[e + 1]) u[nu++] = e; /* ascending id */
+  if (T >= gk_gemm_min()) { /* group the pairs per expert for the GEMMs */
+    for (int e = 0; e < E; e++) cnt[e + 1] += cnt[e];
+    int *fill = xmalloc((size_t)E * sizeof(int)), *prow = xmalloc((size_t)np * sizeof(int)), *trow = xmalloc((size_t)np * sizeof(int));
+    memcpy(fill, cnt, (size_t)E * sizeof(int));
+    for (int p = 0; p < np; p++)
+      if (hidx[p] >= 0 && hidx[p] < E) { prow[fill[hidx[p]]] = p; trow[fill[hidx[p]]++] = p / k; }
+    rc = gk_h2d(A->prow, prow, (size_t)np * sizeof(int)) || gk_h2d(A->trow, trow, (size_t)np * sizeof(int));
+    free(fill); free(prow); free(trow);
+  }
+  gpu_xcache_begin(x);
+  for (int i = 0; i < nu && !rc; i++) {
+    int r = gpu_xcache_fetch(x, l, u[i], G->h_exp, G->d_exp, 0);
+    if (r < 0) rc = -1;
+    placed[i] = r == 0;
+  }
+  for (int i = 0; i < nu && !rc; i++) {
+    if (!placed[i] && gpu_xcache_fetch(x, l, u[i], G->h_exp, G->d_exp, 1)) rc = -1;
+    else rc = gpu_xcache_ready(x, l, u[i]) || expert_dev(c, G, A, T, u[i], cnt) || gpu_xcache_done(x, l, u[i]);
+  }
+  free(cnt); free(u); free(placed);
+  if (rc) return -1;
+  return gk_moe_combine(A->a, A->eo, A->idx, A->wt, T, k, D);
+}
+
+static int moe_dev(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
+  const glayer *G = &g->layers[l];
+  if (g->xc.active && g->xc.L[l].nstreamed > 0) return moe_stream(c, g, l, A, T);
   const int D = c->hidden_size, E = c->n_routed_experts, k = c->num_experts_per_tok, I = c->moe_intermediate_size;
   TRY(gk_matmul(&G->router, A->y, T, D, A->logits, E));
   TRY(gk_moe_route(A->logits, G->bias, T, E, k, c->n_group, c->topk_group, c->norm_topk_prob, c->routed_scaling_factor,
@@ -637,7 +752,7 @@ static int site(const glm53_config *c, const ghc *hw, const float *norm_w, acts 
 static int record(glm53_session *ss, acts *A, const int *dpos, int T, int n) {
   const glm53_model *m = ss->m;
   const glm53_config *c = &m->cfg;
-  const gmodel *g = m->backend_model;
+  gmodel *g = m->backend_model;
   gsession *s = ss->backend_state;
   const int D = c->hidden_size, hc = c->hc_mult;
   TRY(gk_embed(&g->embed, A->tok, T, hc, A->X));
@@ -654,7 +769,7 @@ static int record(glm53_session *ss, acts *A, const int *dpos, int T, int n) {
     TRY(site(c, &G->hc[1], G->post_norm, A, T));
     pr_mark(PR_MHC);
     if (c->mlp_layer_types[l] == MLP_DENSE) TRY(mlp_dev(&G->dense, c->swiglu_limit, A->y, T, D, A->dg, A->du, A->a));
-    else TRY(moe_dev(c, G, A, T));
+    else TRY(moe_dev(c, g, l, A, T));
     pr_mark(c->mlp_layer_types[l] == MLP_DENSE ? PR_DENSE : PR_MOE);
     TRY(gk_mhc_post(A->X, A->a, A->post, A->comb, T, hc, D));
     pr_mark(PR_MHC);
@@ -698,7 +813,9 @@ static int forward_locked(glm53_session *ss, const int32_t *tokens, int T, float
   const int *dpos = A.tok + T;
   /* decode steps replay one captured graph (launch overhead dominates batch-1
    * decode); capture after one uncaptured step so no scratch grows inside */
-  const int graph = graphs_enabled() && !s->graph_off && T == 1 && n == 1 && T < gk_gemm_min() && !pr_on;
+  /* streaming experts needs the routing on the host: no graph then */
+  const gmodel *gm = ss->m->backend_model;
+  const int graph = graphs_enabled() && !gm->xc.active && !s->graph_off && T == 1 && n == 1 && T < gk_gemm_min() && !pr_on;
   if (graph && s->graph && s->graph_gen == gk_scratch_gen()) {
     TRY(gk_graph_launch(s->graph));
   } else if (graph && s->graph_warm) {
@@ -738,6 +855,29 @@ static int gpu_forward(glm53_session *ss, const int32_t *tokens, int T, float *l
   pthread_mutex_unlock(&g_lock);
   if (rc) return glm53_err("gpu backend error: %s", gk_error());
   return 0;
+}
+
+int glm53_gpu_expert_stats_get(const glm53_model *m, glm53_gpu_expert_stats *o) {
+  memset(o, 0, sizeof *o);
+  if (m->backend != &gpu_backend || !m->backend_model) return -1;
+  const gpu_xcache *x = &((const gmodel *)m->backend_model)->xc;
+  o->streaming = x->active;
+  o->resident = x->resident;
+  o->streamed = x->streamed;
+  o->slots = x->nslots;
+  o->resident_gb = x->resident_bytes / 1e9;
+  o->slot_gb = (double)x->nslots * x->slot_bytes / 1e9;
+  o->budget_gb = x->budget_bytes / 1e9;
+  o->hits = x->hits;
+  o->misses = x->misses;
+  o->resident_uses = x->uses_resident;
+  o->bytes_h2d = x->bytes_h2d;
+  return 0;
+}
+void glm53_gpu_expert_stats_reset(glm53_model *m) {
+  if (m->backend != &gpu_backend || !m->backend_model) return;
+  gpu_xcache *x = &((gmodel *)m->backend_model)->xc;
+  x->hits = x->misses = x->uses_resident = x->bytes_h2d = 0;
 }
 
 static const glm53_backend gpu_backend = {

@@ -1,7 +1,8 @@
 /* The "gpu" compute backend (CUDA, or HIP through kernels/gpu_compat.h):
- * every weight resident on one device, per-session caches on the device,
- * the whole forward on the device; only the logits come back. See
- * docs/gpu.md. Built only with -DGLM53_CUDA=ON or -DGLM53_HIP=ON. */
+ * dense weights resident on one device, routed experts resident up to a
+ * VRAM budget and streamed from host memory beyond it, per-session caches
+ * on the device, the whole forward on the device; only the logits come
+ * back. See docs/gpu.md. Built only with -DGLM53_CUDA=ON or -DGLM53_HIP=ON. */
 #ifndef GLM53_GPU_H
 #define GLM53_GPU_H
 #include <stddef.h>
@@ -18,6 +19,20 @@ const char *glm53_gpu_device_desc(void);
 /* With GLM53_GPU_PROFILE=1: prints the time per forward stage accumulated
  * since the last dump (stages are synchronised, so slower than unprofiled). */
 void glm53_gpu_profile_dump(const char *label);
+
+/* Routed-expert placement of a model on the gpu backend (docs/gpu.md):
+ * counts, cache slots, and since load (or the last reset) the cache hits and
+ * misses among streamed experts (one per expert used by a layer call) and
+ * the bytes copied host->device. -1 when the model is not on the gpu. */
+typedef struct {
+  int streaming;             /* some expert lives in host memory */
+  long resident, streamed;   /* experts */
+  int slots;                 /* device cache slots */
+  double resident_gb, slot_gb, budget_gb;
+  unsigned long long hits, misses, resident_uses, bytes_h2d;
+} glm53_gpu_expert_stats;
+int glm53_gpu_expert_stats_get(const glm53_model *m, glm53_gpu_expert_stats *out);
+void glm53_gpu_expert_stats_reset(glm53_model *m);
 
 /* Startup validation: each device kernel on small random data against the
  * fp32 CPU reference (src/model/layers.h) or a float64 host loop. */

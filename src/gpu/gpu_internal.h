@@ -3,6 +3,9 @@
 #define GLM53_GPU_INTERNAL_H
 #include "gpu/kernels/gk.h"
 #include "model/wmat.h"
+#include <stdint.h>
+
+struct glm53_model;
 
 /* Per-head matrices of absorbed MLA from kv_b ([H*(nope+vd)][kl], host w and
  * its device copy dkvb): W_UK^T[h] [kl][nope] (a transposed copy, f32 when
@@ -17,5 +20,61 @@ int gpu_build_mla_heads(const wmat *w, const gpu_mat *dkvb, int H, int nope, int
 /* flash-decoding split of the MLA attention for a chunk of T tokens at pos0:
  * chunk size (0 = no split) and the number of splits */
 int gpu_mla_split(int T, int pos0, int K, int P, int *chunk);
+
+/* ---- routed-expert placement and streaming (gpu_experts.c) ----
+ * Experts that do not fit the VRAM budget stay in (pinned) host memory as
+ * one blob each (gate, up, down data + scales) and are copied on demand by
+ * the copy stream into device cache slots (LRU); events order the copies
+ * against the compute stream, so no host synchronisation is needed beyond
+ * learning the routing. See docs/gpu.md. */
+typedef struct {
+  size_t blob, off[6]; /* blob bytes; offsets of gate/up/down data and scales */
+  char **host;         /* [E] host blob of a streamed expert, NULL when resident */
+  int *slot;           /* [E] cache slot holding it, or -1 */
+  int nstreamed;
+} gpu_xlayer;
+
+typedef struct {
+  int active;         /* some expert is streamed */
+  int nlayers, E;
+  gpu_xlayer *L;      /* per layer (MoE layers only have host/slot arrays) */
+  int nslots;
+  size_t slot_bytes;
+  char *dslots;       /* device: nslots * slot_bytes */
+  int *s_layer, *s_exp;
+  uint64_t *s_tick, *s_call;
+  void **s_free, **s_ready; /* per slot: last compute use done / copy done */
+  uint64_t tick, call;
+  char *host;         /* all streamed blobs */
+  int host_pinned;
+  int *h_idx;         /* routing read back per MoE layer (pinned when possible) */
+  size_t h_idx_cap;
+  int h_idx_pinned;
+  void *route_ev;
+  long resident, streamed;
+  double resident_bytes, budget_bytes;
+  uint64_t uses_resident, hits, misses, bytes_h2d;
+} gpu_xcache;
+
+/* Uploads the resident experts with up() and stages the others; h_exp[l]
+ * (E*3 mats per MoE layer) gets the device matrices (data NULL for streamed
+ * experts until fetched). budget_bytes: VRAM for routed experts including the
+ * cache slots (< 0: everything resident); nslots > 0 forces the cache size. */
+int gpu_xcache_init(gpu_xcache *x, const struct glm53_model *m, gpu_mat **h_exp, double budget_bytes, int nslots,
+                    int (*up)(void *ctx, const wmat *w, gpu_mat *o), void *(*alloc)(void *ctx, size_t n), void *ctx);
+void gpu_xcache_free(gpu_xcache *x);
+/* the pinned buffer for np routing ids */
+int *gpu_xcache_idx(gpu_xcache *x, size_t np);
+/* Start of one MoE layer's use. */
+void gpu_xcache_begin(gpu_xcache *x);
+/* Puts expert e of layer l on the device (no-op when resident or cached):
+ * picks a slot (LRU; with evict_current == 0 never one already used by this
+ * layer's call, returning 1 when none is free), waits on the copy stream for
+ * the slot's last use, copies, and points h_exp_l/d_exp_l[e*3..] at it. */
+int gpu_xcache_fetch(gpu_xcache *x, int l, int e, gpu_mat *h_exp_l, gpu_mat *d_exp_l, int evict_current);
+/* The compute stream waits for expert e's copy. */
+int gpu_xcache_ready(gpu_xcache *x, int l, int e);
+/* After the launches that read expert e: its slot may be reused after them. */
+int gpu_xcache_done(gpu_xcache *x, int l, int e);
 
 #endif

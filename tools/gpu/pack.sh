@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
 # Builds the CUDA configuration here (the device machine has nvcc but not the
-# engine's Debian dependencies) and packs the GPU test/bench binaries plus the
-# non-CUDA shared libraries they need into .devcarry/ (git-ignored through
-# .git/info/exclude), for `run` with carry [".devcarry"] and
-# tools/gpu/run_device.sh.
+# engine's Debian dependencies) and packs the CLI, the GPU test/bench
+# binaries and the non-CUDA, non-libc shared libraries they need into
+# .devcarry/ (git-ignored through .git/info/exclude) as one xz tarball (the
+# whole working tree that travels is limited to 64 MiB), for `run` with
+# carry [".devcarry"] and tools/gpu/run_device.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 B=${BUILD:-build-gpu}
-cmake -S . -B "$B" -DGLM53_CUDA=ON -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$B" -j2 --target test_gpu_kernels test_gpu_forward test_backend_select gpu_decode
+NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+cmake -S . -B "$B" -DGLM53_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$NVCC" >/dev/null
+T="glm53 test_gpu_kernels test_gpu_forward test_gpu_expert_cache test_backend_select gpu_decode"
+cmake --build "$B" -j2 --target $T
 grep -qx '/.devcarry/' .git/info/exclude 2>/dev/null || echo '/.devcarry/' >> .git/info/exclude
-rm -rf .devcarry && mkdir -p .devcarry/lib
-cp "$B"/test_gpu_kernels "$B"/test_gpu_forward "$B"/test_backend_select "$B"/gpu_decode .devcarry/
-for l in $(ldd "$B"/test_gpu_forward | awk '/=>/{print $3}' | grep -E 'cjson|xxhash|gomp|pcre2|utf8proc'); do cp -L "$l" .devcarry/lib/; done
+rm -rf .devcarry && mkdir -p .devcarry/stage/lib
+for t in $T; do cp "$B/$t" .devcarry/stage/; strip .devcarry/stage/$t; done
+for t in $T; do ldd "$B/$t"; done | awk '/=>/{print $3}' | sort -u |
+  grep -vE '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so|/usr/local/cuda|libcuda' |
+  while read -r l; do cp -L "$l" .devcarry/stage/lib/; done
+tar -C .devcarry/stage -cJf .devcarry/bin.tar.xz .
+rm -rf .devcarry/stage
 du -sh .devcarry

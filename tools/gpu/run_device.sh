@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # On the GPU machine (repo root, .devcarry carried; see tools/gpu/pack.sh):
-# device facts, the GPU tests (direct launches, then with decode graph
-# replay), the selection/fallback test with a device present, an optional
-# compute-sanitizer pass, and the benchmark (direct, graphs, profiled).
-# Logs go to $OUT; short results are printed.
+# device facts, the GPU tests (decode graphs on, then off), the expert-cache
+# test, selection/fallback with a device present, the CLI cross-checks
+# (quality --compare-backends, greedy run on gpu vs cpu) and the benchmark
+# (bf16, q4, streamed experts). Everything goes to stdout (tee it into
+# $OUT/log.txt); a summary of the key lines comes last. A deadline
+# (DEADLINE seconds after start, default 225) bounds every step, so the
+# summary is printed even when a step runs long.
 set -u
-OUT=${OUT:-/tmp/glm53-gpu-out}
-mkdir -p "$OUT"
-D=.devcarry
+DEADLINE=${DEADLINE:-225}
+D=.devcarry/x
+mkdir -p "$D" && tar -C "$D" -xJf .devcarry/bin.tar.xz || { echo "unpack failed"; exit 1; }
 libs=""
 for f in libcudart.so.13 libcublas.so.13 libcublasLt.so.13; do
   p=$(find /usr/local /usr/lib /opt -name "$f" 2>/dev/null | head -1)
@@ -15,28 +18,34 @@ for f in libcudart.so.13 libcublas.so.13 libcublasLt.so.13; do
 done
 export LD_LIBRARY_PATH="$PWD/$D/lib$libs:${LD_LIBRARY_PATH:-}"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
-runt() { # name env...
-  local t=$1 tag=$2; shift 2
-  echo "== $t $tag"
-  env "$@" timeout 240 "$D/$t" >"$OUT/$t$tag.log" 2>&1
-  echo "rc=$?" | tee -a "$OUT/$t$tag.log"
-  grep -vE "^glm53 (info|warn)|^seed [23]" "$OUT/$t$tag.log" | grep -E "FAIL|passed|gpu vs cpu|SKIP|capture" | tail -30
+date -u
+step() { # name timeout cmd... (env assignments via env)
+  local name=$1 to=$2; shift 2
+  local left=$((DEADLINE - SECONDS))
+  if [ "$left" -le 5 ]; then echo "== $name: SKIPPED (deadline)"; return; fi
+  [ "$to" -gt "$left" ] && to=$left
+  echo "== $name (timeout ${to}s, t=${SECONDS}s)"
+  local t0=$SECONDS
+  timeout "$to" "$@" 2>&1
+  echo "== $name: rc=$? in $((SECONDS - t0))s"
 }
-runt test_gpu_kernels "" X=1
-runt test_gpu_forward "" GLM53_GPU_GRAPH=0
-runt test_gpu_forward .graph GLM53_GPU_GRAPH=1
-runt test_backend_select "" X=1
-if [ "${SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; then
-  echo "== compute-sanitizer memcheck test_gpu_forward (graphs)"
-  GLM53_GPU_GRAPH=1 timeout 150 compute-sanitizer --tool memcheck --print-limit 5 "$D/test_gpu_forward" >"$OUT/memcheck.log" 2>&1
-  echo "rc=$?"; grep -E "ERROR SUMMARY|passed" "$OUT/memcheck.log"
+step test_gpu_kernels 40 env "$D/test_gpu_kernels"
+step test_gpu_expert_cache 60 env "$D/test_gpu_expert_cache"
+step test_gpu_forward.graph 60 env GLM53_GPU_GRAPH=1 "$D/test_gpu_forward"
+step test_backend_select 20 env "$D/test_backend_select"
+if "$D/glm53" quality --help 2>&1 | grep -q -- --compare-backends; then
+  step quality_compare 50 env "$D/glm53" quality --model models/tiny --text tests/data/tiny/heldout.txt --compare-backends --max-tokens 2048
+else
+  echo "== quality --compare-backends: not in this build"
 fi
-for mode in direct graph profile; do
-  echo "== gpu_decode ($mode)"
-  case $mode in
-    direct) e="GLM53_GPU_GRAPH=0" ;; graph) e="GLM53_GPU_GRAPH=1" ;; profile) e="GLM53_GPU_PROFILE=1 GLM53_GPU_GRAPH=0" ;;
-  esac
-  env $e timeout 200 "$D/gpu_decode" "${EXPERTS:-32}" "${STEPS:-32}" >"$OUT/gpu_decode.$mode.log" 2>&1
-  grep -vE "^glm53 info" "$OUT/gpu_decode.$mode.log" | grep -vE "^(device|ceilings|synthetic|gpu model_init|gemv)" || true
-done
-grep -E "^(device|ceilings|gemv)" "$OUT/gpu_decode.direct.log"
+step run_gpu 20 sh -c "'$D/glm53' run --model models/tiny --backend gpu -p 'The Python interpreter is' --max-tokens 64 --temperature 0 >/tmp/run_gpu.txt"
+step run_cpu 20 sh -c "'$D/glm53' run --model models/tiny --backend cpu -p 'The Python interpreter is' --max-tokens 64 --temperature 0 >/tmp/run_cpu.txt"
+echo "--- gpu text:"; cat /tmp/run_gpu.txt 2>/dev/null; echo; echo "--- cpu text:"; cat /tmp/run_cpu.txt 2>/dev/null; echo
+if cmp -s /tmp/run_gpu.txt /tmp/run_cpu.txt && [ -s /tmp/run_gpu.txt ]; then echo "greedy run gpu vs cpu: IDENTICAL"; else echo "greedy run gpu vs cpu: DIFFERENT"; fi
+step run_gpu_streamed 20 sh -c "'$D/glm53' run --model models/tiny --backend gpu --gpu-expert-gb 0 -p 'The Python interpreter is' --max-tokens 64 --temperature 0 >/tmp/run_gpu_s.txt"
+if cmp -s /tmp/run_gpu.txt /tmp/run_gpu_s.txt && [ -s /tmp/run_gpu_s.txt ]; then echo "greedy run gpu streamed vs resident: IDENTICAL"; else echo "greedy run gpu streamed vs resident: DIFFERENT"; fi
+step gpu_decode.bf16 70 env "$D/gpu_decode" 32 32 bf16
+step gpu_decode.stream 50 env "$D/gpu_decode" 32 12 stream
+step gpu_decode.q4 40 env "$D/gpu_decode" 128 32 q4
+step test_gpu_forward.nograph 40 env GLM53_GPU_GRAPH=0 "$D/test_gpu_forward"
+echo "== total ${SECONDS}s"

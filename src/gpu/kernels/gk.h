@@ -49,11 +49,21 @@ int gk_check(const char *what);     /* reports the last launch error */
 int gk_matmul(const gpu_mat *W, const float *x, int n, int ldx, float *y, int ldy);
 int gk_gemm_min(void);              /* $GLM53_GPU_GEMM_MIN, default 32 */
 void gk_set_gemm_min(int n);        /* tests: n <= 0 restores the default */
+/* GEMV kernel (bench): 2 = several rows per warp with vector x loads for
+ * every format; 1 = the one-row-per-warp kernel everywhere
+ * ($GLM53_GPU_GEMV=1); 0 = the default (rows-per-warp kernel for f32/bf16,
+ * one-row kernel for Q8/Q4, which measured faster there). Same bits. */
+void gk_set_gemv_version(int v);
 /* Routed experts, small-n path: for pair p (token p / k, slot p % k) with
  * e = idx[p] >= 0, Y[p] = Wset[e*3 + which] * X[xrow(p)], xrow = p / k when
  * x_per_token, else p. Pairs with idx < 0 get zeros. */
 int gk_matmul_experts(const gpu_mat *d_wset, int which, int fmt, int rows, int cols, const int *idx, int npairs, int k,
                       int x_per_token, const float *x, int ldx, float *y, int ldy);
+/* The same for the pairs routed to expert `only` alone (other pairs are left
+ * untouched, pairs with idx < 0 get zeros): each pair gets the bits the
+ * all-pairs launch gives it (expert streaming computes expert by expert). */
+int gk_matmul_expert_only(const gpu_mat *d_wset, int which, int fmt, int rows, int cols, const int *idx, int npairs,
+                          int k, int x_per_token, const float *x, int ldx, float *y, int ldy, int only);
 
 /* Per-head products: for each token t and head h, y[t][h] (ldy_head apart,
  * rows of W_h) = W_h x[t][h] (ldx_head apart). h_mats / d_mats: the H
@@ -67,6 +77,8 @@ int gk_embed(const gpu_mat *E, const int32_t *tok, int T, int hc, float *X);
 int gk_rmsnorm(float *y, int ldy, const float *x, int ldx, const float *w, int T, int n, float eps);
 int gk_layernorm(float *y, int ldy, const float *x, int ldx, const float *w, const float *b, int T, int n, float eps);
 int gk_swiglu(float *g, const float *u, size_t n, float limit);  /* g = swiglu(g, u) */
+/* the same on rows p (of n elements) whose idx[p] == only */
+int gk_swiglu_only(float *g, const float *u, const int *idx, int npairs, int n, int only, float limit);
 /* mHC site: mixraw[T][mix] = fn . X (unnormalised, from gk_matmul), then
  * post/comb and y = rmsnorm(sum pre_s X_s) * norm_w. */
 int gk_mhc_pre(const float *X, const float *mixraw, const float *base, const float *scale, const float *norm_w, int T,
@@ -118,6 +130,22 @@ int gk_capture_end(void **exec);     /* instantiates the captured launches */
 int gk_graph_launch(void *exec);
 void gk_graph_free(void *exec);
 unsigned gk_scratch_gen(void);       /* changes whenever a shared scratch buffer moves */
+
+/* ---- streaming (gk_stream.cu): a copy stream ordered against the compute
+ * stream by events ---- */
+void *gk_host_pinned(size_t n);       /* page-locked host memory, NULL on failure */
+void gk_host_pinned_free(void *p);
+void *gk_sync_event_new(void);        /* an event without timing; free with gk_event_free */
+int gk_copy_h2d_async(void *d, const void *h, size_t n); /* on the copy stream */
+int gk_event_on_copy(void *e);        /* record on the copy stream */
+int gk_event_on_compute(void *e);     /* record on the compute stream */
+int gk_copy_wait(void *e);            /* the copy stream waits for e */
+int gk_compute_wait(void *e);         /* the compute stream waits for e */
+int gk_event_sync(void *e);           /* the host waits for e */
+int gk_d2h_async(void *h, const void *d, size_t n); /* on the compute stream (h pinned) */
+int gk_h2d_compute(void *d, const void *h, size_t n); /* on the compute stream, ordered with the kernels */
+double gk_time_h2d_gbs(size_t bytes, int reps);     /* pinned host -> device GB/s */
+int gk_mem_info(size_t *free_b, size_t *total_b);
 
 /* ---- timing (bench) ---- */
 int gk_fill_random(void *p, size_t bytes, unsigned seed); /* bf16 pairs in [-2, 2] */

@@ -101,12 +101,213 @@ extern "C" int gk_gemm_min(void) {
 }
 extern "C" void gk_set_gemm_min(int n) { g_gemm_min = n > 0 ? n : -1; }
 
-/* ---------------- GEMV ---------------- */
+/* ---------------- GEMV ----------------
+ * One warp owns RW rows (RW = rows per warp, by format) and reads them in
+ * 16-byte-or-smaller chunks of 8 elements per lane, U chunks per row in
+ * flight per round; x is read as float4 when aligned and reused for the RW
+ * rows (the x traffic, 4 B per weight element, is what limited the one-row
+ * kernel: 8 scalar loads per weight chunk). Per (row, token) the FMAs run in
+ * plain j order whatever RW, U or the token count, then one fixed warp
+ * reduction: every launch shape gives a (row, token) the same bits. */
 #define NT 8         /* tokens per block */
-#define WARPS 8      /* rows per block */
+#define WARPS 8      /* warps per block */
 
+/* a lane's 8-element chunk of a row, loaded raw (converted at use) */
+template <int FMT> struct wchunk;
+template <> struct wchunk<GF_F32> { float4 a, b; };
+template <> struct wchunk<GF_BF16> { uint4 a; };
+template <> struct wchunk<GF_Q8> { uint2 a; float s; };
+template <> struct wchunk<GF_Q4> { uint32_t a; float s; };
+
+/* rows per warp and chunks in flight per row, per format (more for the
+ * narrow formats, whose chunks are small) */
+template <int FMT> struct gemv_shape { enum { RW = FMT == GF_F32 ? 1 : FMT == GF_BF16 ? 2 : 4, U = FMT == GF_Q4 ? 8 : 4 }; };
+
+/* wc_load / wc_expand per format (overloads: the chunk types differ); the
+ * values are those wl8 gives */
+__device__ __forceinline__ void wc_load(const gpu_mat &W, size_t r, int j, wchunk<GF_F32> &c) {
+  const float4 *p = (const float4 *)((const float *)W.d + r * (size_t)W.cols + j);
+  c.a = __ldg(p);
+  c.b = __ldg(p + 1);
+}
+__device__ __forceinline__ void wc_load(const gpu_mat &W, size_t r, int j, wchunk<GF_BF16> &c) {
+  c.a = __ldg((const uint4 *)((const uint16_t *)W.d + r * (size_t)W.cols + j));
+}
+__device__ __forceinline__ void wc_load(const gpu_mat &W, size_t r, int j, wchunk<GF_Q8> &c) {
+  c.a = __ldg((const uint2 *)((const int8_t *)W.d + r * (size_t)W.cols + j));
+  c.s = gk_scale(W, r, j);
+}
+__device__ __forceinline__ void wc_load(const gpu_mat &W, size_t r, int j, wchunk<GF_Q4> &c) {
+  c.a = __ldg((const uint32_t *)((const uint8_t *)W.d + ((r * (size_t)W.cols + j) >> 1)));
+  c.s = gk_scale(W, r, j);
+}
+__device__ __forceinline__ void wc_expand(const wchunk<GF_F32> &c, float *v) {
+  v[0] = c.a.x; v[1] = c.a.y; v[2] = c.a.z; v[3] = c.a.w; v[4] = c.b.x; v[5] = c.b.y; v[6] = c.b.z; v[7] = c.b.w;
+}
+__device__ __forceinline__ void wc_expand(const wchunk<GF_BF16> &c, float *v) {
+  uint32_t w[4] = {c.a.x, c.a.y, c.a.z, c.a.w};
+#pragma unroll
+  for (int q = 0; q < 4; q++) { v[2 * q] = __uint_as_float(w[q] << 16); v[2 * q + 1] = __uint_as_float(w[q] & 0xffff0000u); }
+}
+__device__ __forceinline__ void wc_expand(const wchunk<GF_Q8> &c, float *v) {
+  uint32_t w[2] = {c.a.x, c.a.y};
+#pragma unroll
+  for (int q = 0; q < 8; q++) v[q] = (float)(int8_t)((w[q >> 2] >> (8 * (q & 3))) & 0xff) * c.s;
+}
+__device__ __forceinline__ void wc_expand(const wchunk<GF_Q4> &c, float *v) {
+#pragma unroll
+  for (int q = 0; q < 8; q++) v[q] = (float)((int)((c.a >> (4 * q)) & 15) - 8) * c.s;
+}
+template <bool XV> __device__ __forceinline__ void x8(const float *xp, float *v) {
+  if (XV) {
+    float4 a = __ldg((const float4 *)xp), b = __ldg((const float4 *)xp + 1);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+  } else {
+#pragma unroll
+    for (int q = 0; q < 8; q++) v[q] = __ldg(xp + q);
+  }
+}
+
+/* rows row0 .. row0+RW-1 (those < W.rows) over columns [c0, c1) (multiples
+ * of 8), tokens 0..nt-1 of x: acc[r][t], reduced across the warp */
+template <int FMT, bool XV, int RW>
+__device__ __forceinline__ void gemv_rows_vec(const gpu_mat &W, int row0, const float *x, int nt, int ldx, int c0, int c1,
+                                              float (*acc)[NT]) {
+  constexpr int U = gemv_shape<FMT>::U;
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int r = 0; r < RW; r++)
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[r][t] = 0.f;
+  for (int j = c0 + lane * 8; j < c1; j += U * 256) {
+    wchunk<FMT> w[RW][U];
+#pragma unroll
+    for (int r = 0; r < RW; r++)
+#pragma unroll
+      for (int u = 0; u < U; u++)
+        if (row0 + r < W.rows && j + u * 256 < c1) wc_load(W, row0 + r, j + u * 256, w[r][u]);
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+      if (t >= nt) break;
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        if (j + u * 256 >= c1) break;
+        float xv[8];
+        x8<XV>(x + (size_t)t * ldx + j + u * 256, xv);
+#pragma unroll
+        for (int r = 0; r < RW; r++) {
+          float wv[8];
+          wc_expand(w[r][u], wv);
+          float a = acc[r][t];
+#pragma unroll
+          for (int q = 0; q < 8; q++) a = fmaf(wv[q], xv[q], a);
+          acc[r][t] = a;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < RW; r++)
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[r][t] = warp_sum(acc[r][t]);
+}
+
+/* any shape (cols or group not a multiple of 8): one element per lane */
+template <int FMT>
+__device__ __forceinline__ void gemv_row_scalar(const gpu_mat &W, int row, const float *x, int nt, int ldx, int c0, int c1,
+                                                float *acc) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int t = 0; t < NT; t++) acc[t] = 0.f;
+  for (int j = c0 + lane; j < c1; j += 32) {
+    float w = wl1<FMT>(W, row, j);
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+      if (t >= nt) break;
+      acc[t] = fmaf(w, __ldg(x + (size_t)t * ldx + j), acc[t]);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < NT; t++) acc[t] = warp_sum(acc[t]);
+}
+
+/* MODE 0: scalar; 1: vector weights, scalar x; 2: vector weights and x */
+template <int FMT, int MODE, int RW>
+__device__ __forceinline__ void gemv_rows(const gpu_mat &W, int row0, const float *x, int nt, int ldx, int c0, int c1,
+                                          float (*acc)[NT]) {
+  if (MODE == 0) {
+#pragma unroll
+    for (int r = 0; r < RW; r++) {
+      if (row0 + r < W.rows) gemv_row_scalar<FMT>(W, row0 + r, x, nt, ldx, c0, c1, acc[r]);
+    }
+  } else {
+    gemv_rows_vec<FMT, MODE == 2, RW>(W, row0, x, nt, ldx, c0, c1, acc);
+  }
+}
+
+template <int FMT, int MODE> struct gemv_rw { enum { RW = MODE == 0 ? 1 : (int)gemv_shape<FMT>::RW }; };
+
+/* grid: (rows/(WARPS*RW), ceil(n/NT), nsplit). part != NULL: split-K
+ * partials part[z][n][rows], reduced in split order by gemv_reduce. */
+template <int FMT, int MODE>
+__global__ void __launch_bounds__(256) gemv_k(gpu_mat W, const float *x, int n, int ldx, float *y, int ldy, int clen,
+                                              float *part) {
+  constexpr int RW = gemv_rw<FMT, MODE>::RW;
+  int row0 = (blockIdx.x * WARPS + (threadIdx.x >> 5)) * RW;
+  if (row0 >= W.rows) return;
+  int t0 = blockIdx.y * NT, nt = min(NT, n - t0);
+  int c0 = blockIdx.z * clen, c1 = min(W.cols, c0 + clen);
+  float acc[RW][NT];
+  gemv_rows<FMT, MODE, RW>(W, row0, x + (size_t)t0 * ldx, nt, ldx, c0, c1, acc);
+  if ((threadIdx.x & 31) == 0)
+#pragma unroll
+    for (int r = 0; r < RW; r++) {
+      if (row0 + r >= W.rows) break;
+      for (int t = 0; t < nt; t++) {
+        if (part) part[((size_t)blockIdx.z * n + t0 + t) * W.rows + row0 + r] = acc[r][t];
+        else y[(size_t)(t0 + t) * ldy + row0 + r] = acc[r][t];
+      }
+    }
+}
+
+__global__ void gemv_reduce(const float *part, int nsplit, int n, int rows, float *y, int ldy) {
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i >= (size_t)n * rows) return;
+  int t = (int)(i / rows), r = (int)(i % rows);
+  float s = 0;
+  for (int z = 0; z < nsplit; z++) s += part[((size_t)z * n + t) * rows + r];
+  y[(size_t)t * ldy + r] = s;
+}
+
+/* pair p = blockIdx.y; only >= 0: pairs routed elsewhere are skipped */
+template <int FMT, int MODE>
+__global__ void __launch_bounds__(256) gemv_exp_k(const gpu_mat *wset, int which, int wstride, const int *idx, int k,
+                                                  int xpt, const float *x, int ldx, float *y, int ldy, int rows, int only) {
+  constexpr int RW = gemv_rw<FMT, MODE>::RW;
+  int p = blockIdx.y;
+  int row0 = (blockIdx.x * WARPS + (threadIdx.x >> 5)) * RW;
+  if (row0 >= rows) return;
+  int e = idx ? idx[p] : p % k;
+  if (only >= 0 && e >= 0 && e != only) return;
+  float *yo = y + (size_t)p * ldy;
+  if (e < 0) {
+    if ((threadIdx.x & 31) == 0)
+      for (int r = 0; r < RW && row0 + r < rows; r++) yo[row0 + r] = 0.f;
+    return;
+  }
+  gpu_mat W = wset[(size_t)e * wstride + which];
+  const float *xr = x + (size_t)(xpt ? p / k : p) * ldx;
+  float acc[RW][NT];
+  gemv_rows<FMT, MODE, RW>(W, row0, xr, 1, ldx, 0, W.cols, acc);
+  if ((threadIdx.x & 31) == 0)
+    for (int r = 0; r < RW && row0 + r < rows; r++) yo[row0 + r] = acc[r][0];
+}
+
+/* The previous GEMV (one row per warp, scalar x loads), kept selectable with
+ * GLM53_GPU_GEMV=1 for comparison and as a fallback; same per-(row, token)
+ * FMA order as the current one. */
 template <int FMT, bool VEC>
-__device__ __forceinline__ void gemv_row(const gpu_mat &W, int row, const float *x, int nt, int ldx, int c0, int c1,
+__device__ __forceinline__ void gemv1_row(const gpu_mat &W, int row, const float *x, int nt, int ldx, int c0, int c1,
                                          float *acc) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
@@ -162,14 +363,14 @@ __device__ __forceinline__ void gemv_row(const gpu_mat &W, int row, const float 
 /* grid: (rows/WARPS, ceil(n/NT), nsplit). part != NULL: split-K partials
  * part[z][n][rows], reduced in split order by gemv_reduce. */
 template <int FMT, bool VEC>
-__global__ void __launch_bounds__(256) gemv_k(gpu_mat W, const float *x, int n, int ldx, float *y, int ldy, int clen,
+__global__ void __launch_bounds__(256) gemv1_k(gpu_mat W, const float *x, int n, int ldx, float *y, int ldy, int clen,
                                               float *part) {
   int row = blockIdx.x * WARPS + (threadIdx.x >> 5);
   if (row >= W.rows) return;
   int t0 = blockIdx.y * NT, nt = min(NT, n - t0);
   int c0 = blockIdx.z * clen, c1 = min(W.cols, c0 + clen);
   float acc[NT];
-  gemv_row<FMT, VEC>(W, row, x + (size_t)t0 * ldx, nt, ldx, c0, c1, acc);
+  gemv1_row<FMT, VEC>(W, row, x + (size_t)t0 * ldx, nt, ldx, c0, c1, acc);
   if ((threadIdx.x & 31) == 0)
     for (int t = 0; t < nt; t++) {
       if (part) part[((size_t)blockIdx.z * n + t0 + t) * W.rows + row] = acc[t];
@@ -177,22 +378,14 @@ __global__ void __launch_bounds__(256) gemv_k(gpu_mat W, const float *x, int n, 
     }
 }
 
-__global__ void gemv_reduce(const float *part, int nsplit, int n, int rows, float *y, int ldy) {
-  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-  if (i >= (size_t)n * rows) return;
-  int t = (int)(i / rows), r = (int)(i % rows);
-  float s = 0;
-  for (int z = 0; z < nsplit; z++) s += part[((size_t)z * n + t) * rows + r];
-  y[(size_t)t * ldy + r] = s;
-}
-
 template <int FMT, bool VEC>
-__global__ void __launch_bounds__(256) gemv_exp_k(const gpu_mat *wset, int which, int wstride, const int *idx, int k,
-                                                  int xpt, const float *x, int ldx, float *y, int ldy, int rows) {
+__global__ void __launch_bounds__(256) gemv1_exp_k(const gpu_mat *wset, int which, int wstride, const int *idx, int k,
+                                                  int xpt, const float *x, int ldx, float *y, int ldy, int rows, int only) {
   int p = blockIdx.y;
   int row = blockIdx.x * WARPS + (threadIdx.x >> 5);
   if (row >= rows) return;
   int e = idx ? idx[p] : p % k;
+  if (only >= 0 && e >= 0 && e != only) return;
   float *yo = y + (size_t)p * ldy;
   if (e < 0) {
     if ((threadIdx.x & 31) == 0) yo[row] = 0.f;
@@ -201,13 +394,36 @@ __global__ void __launch_bounds__(256) gemv_exp_k(const gpu_mat *wset, int which
   gpu_mat W = wset[(size_t)e * wstride + which];
   const float *xr = x + (size_t)(xpt ? p / k : p) * ldx;
   float acc[NT];
-  gemv_row<FMT, VEC>(W, row, xr, 1, ldx, 0, W.cols, acc);
+  gemv1_row<FMT, VEC>(W, row, xr, 1, ldx, 0, W.cols, acc);
   if ((threadIdx.x & 31) == 0) yo[row] = acc[0];
+}
+
+static int g_gemv_v1 = -1;
+static int gemv_v1_env(void) {
+  if (g_gemv_v1 < 0) g_gemv_v1 = getenv("GLM53_GPU_GEMV") && !strcmp(getenv("GLM53_GPU_GEMV"), "1");
+  return g_gemv_v1;
+}
+static int g_gemv_force2;
+/* Q8/Q4 stay on the one-row kernel unless forced (gk_set_gemv_version(2)):
+ * on the H200 the four-rows-per-warp variant (128 registers, 2 blocks per
+ * SM) left SMs idle at <= 12288 rows and was slower there (docs/gpu.md);
+ * both give the same bits. */
+static int use_v1(int fmt) { return gemv_v1_env() || (fmt >= GF_Q8 && !g_gemv_force2); }
+extern "C" void gk_set_gemv_version(int v) {
+  g_gemv_v1 = v == 1 ? 1 : v == 2 ? 0 : -1;
+  g_gemv_force2 = v == 2;
 }
 
 static int vec_ok(const gpu_mat *W) {
   return W->cols % 8 == 0 && (W->fmt <= GF_BF16 || W->group % 8 == 0);
 }
+/* 0 scalar, 1 vector weights, 2 vector weights and x (x 16-byte aligned
+ * rows): all three give the same bits */
+static int gemv_mode(const gpu_mat *W, const float *x, int ldx) {
+  if (!vec_ok(W)) return 0;
+  return ((uintptr_t)x % 16 == 0 && ldx % 4 == 0) ? 2 : 1;
+}
+template <int FMT> static int rows_per_block(int mode) { return WARPS * (mode == 0 ? 1 : (int)gemv_shape<FMT>::RW); }
 
 /* split-K count: a function of the shape only, so a token's bits do not
  * depend on how many tokens share the launch */
@@ -226,9 +442,17 @@ static int nsplit_for(const gpu_mat *W, int *clen) {
 template <int FMT>
 static void launch_gemv(const gpu_mat *W, const float *x, int n, int ldx, float *y, int ldy, int clen, int ns,
                         float *part) {
-  dim3 grid(gk_blocks(W->rows, WARPS), gk_blocks(n, NT), ns);
-  if (vec_ok(W)) gemv_k<FMT, true><<<grid, 256>>>(*W, x, n, ldx, y, ldy, clen, part);
-  else gemv_k<FMT, false><<<grid, 256>>>(*W, x, n, ldx, y, ldy, clen, part);
+  int mode = gemv_mode(W, x, ldx);
+  if (use_v1(FMT)) {
+    dim3 g1(gk_blocks(W->rows, WARPS), gk_blocks(n, NT), ns);
+    if (mode) gemv1_k<FMT, true><<<g1, 256>>>(*W, x, n, ldx, y, ldy, clen, part);
+    else gemv1_k<FMT, false><<<g1, 256>>>(*W, x, n, ldx, y, ldy, clen, part);
+    return;
+  }
+  dim3 grid(gk_blocks(W->rows, rows_per_block<FMT>(mode)), gk_blocks(n, NT), ns);
+  if (mode == 2) gemv_k<FMT, 2><<<grid, 256>>>(*W, x, n, ldx, y, ldy, clen, part);
+  else if (mode == 1) gemv_k<FMT, 1><<<grid, 256>>>(*W, x, n, ldx, y, ldy, clen, part);
+  else gemv_k<FMT, 0><<<grid, 256>>>(*W, x, n, ldx, y, ldy, clen, part);
 }
 
 static int gemv(const gpu_mat *W, const float *x, int n, int ldx, float *y, int ldy) {
@@ -299,13 +523,21 @@ extern "C" int gk_matmul(const gpu_mat *W, const float *x, int n, int ldx, float
 }
 
 static int batched_gemv(const gpu_mat *d_wset, int which, int wstride, int fmt, int rows, int cols, const int *idx,
-                        int npairs, int k, int xpt, const float *x, int ldx, float *y, int ldy) {
+                        int npairs, int k, int xpt, const float *x, int ldx, float *y, int ldy, int only) {
   if (npairs <= 0) return 0;
-  dim3 grid(gk_blocks(rows, WARPS), npairs);
-  bool vec = cols % 8 == 0; /* the backend checks group % 8 for quantized weights */
-#define GK_EXP(F)                                                                                         \
-  if (vec) gemv_exp_k<F, true><<<grid, 256>>>(d_wset, which, wstride, idx, k, xpt, x, ldx, y, ldy, rows);  \
-  else gemv_exp_k<F, false><<<grid, 256>>>(d_wset, which, wstride, idx, k, xpt, x, ldx, y, ldy, rows);
+  /* the backend checks group % 8 for quantized weights */
+  int mode = cols % 8 ? 0 : ((uintptr_t)x % 16 == 0 && ldx % 4 == 0) ? 2 : 1;
+#define GK_EXP(F)                                                                                               \
+  if (use_v1(F)) {                                                                                              \
+    dim3 g1(gk_blocks(rows, WARPS), npairs);                                                                     \
+    if (mode) gemv1_exp_k<F, true><<<g1, 256>>>(d_wset, which, wstride, idx, k, xpt, x, ldx, y, ldy, rows, only); \
+    else gemv1_exp_k<F, false><<<g1, 256>>>(d_wset, which, wstride, idx, k, xpt, x, ldx, y, ldy, rows, only);    \
+  } else {                                                                                                      \
+    dim3 grid(gk_blocks(rows, rows_per_block<F>(mode)), npairs);                                                 \
+    if (mode == 2) gemv_exp_k<F, 2><<<grid, 256>>>(d_wset, which, wstride, idx, k, xpt, x, ldx, y, ldy, rows, only); \
+    else if (mode == 1) gemv_exp_k<F, 1><<<grid, 256>>>(d_wset, which, wstride, idx, k, xpt, x, ldx, y, ldy, rows, only); \
+    else gemv_exp_k<F, 0><<<grid, 256>>>(d_wset, which, wstride, idx, k, xpt, x, ldx, y, ldy, rows, only);        \
+  }
   switch (fmt) {
   case GF_F32: GK_EXP(GF_F32); break;
   case GF_BF16: GK_EXP(GF_BF16); break;
@@ -319,14 +551,18 @@ static int batched_gemv(const gpu_mat *d_wset, int which, int wstride, int fmt, 
 
 extern "C" int gk_matmul_experts(const gpu_mat *d_wset, int which, int fmt, int rows, int cols, const int *idx,
                                  int npairs, int k, int xpt, const float *x, int ldx, float *y, int ldy) {
-  return batched_gemv(d_wset, which, 3, fmt, rows, cols, idx, npairs, k, xpt, x, ldx, y, ldy);
+  return batched_gemv(d_wset, which, 3, fmt, rows, cols, idx, npairs, k, xpt, x, ldx, y, ldy, -1);
+}
+extern "C" int gk_matmul_expert_only(const gpu_mat *d_wset, int which, int fmt, int rows, int cols, const int *idx,
+                                     int npairs, int k, int xpt, const float *x, int ldx, float *y, int ldy, int only) {
+  return batched_gemv(d_wset, which, 3, fmt, rows, cols, idx, npairs, k, xpt, x, ldx, y, ldy, only);
 }
 
 extern "C" int gk_matmul_heads(const gpu_mat *h_mats, const gpu_mat *d_mats, int H, const float *x, int T, int ldx_head,
                                float *y, int ldy_head) {
   const gpu_mat *W = &h_mats[0];
   if (T < gk_gemm_min()) /* row p = t*H + h of x and y */
-    return batched_gemv(d_mats, 0, 1, W->fmt, W->rows, W->cols, NULL, T * H, H, 0, x, ldx_head, y, ldy_head);
+    return batched_gemv(d_mats, 0, 1, W->fmt, W->rows, W->cols, NULL, T * H, H, 0, x, ldx_head, y, ldy_head, -1);
   for (int h = 0; h < H; h++)
     if (gk_matmul(&h_mats[h], x + (size_t)h * ldx_head, T, H * ldx_head, y + (size_t)h * ldy_head, H * ldy_head)) return -1;
   return 0;

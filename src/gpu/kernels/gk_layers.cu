@@ -62,15 +62,28 @@ extern "C" int gk_layernorm(float *y, int ldy, const float *x, int ldx, const fl
 }
 
 /* ---- clamped SwiGLU (ops.h swiglu_clamped) ---- */
-__global__ void swiglu_k(float *g, const float *u, size_t n, float limit) {
-  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  float a = g[i], b = u[i];
+__device__ __forceinline__ float swiglu1(float a, float b, float limit) {
   if (!isnan(limit)) {
     a = fminf(a, limit);
     b = fminf(fmaxf(b, -limit), limit);
   }
-  g[i] = a / (1.0f + expf(-a)) * b;
+  return a / (1.0f + expf(-a)) * b;
+}
+__global__ void swiglu_k(float *g, const float *u, size_t n, float limit) {
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  g[i] = swiglu1(g[i], u[i], limit);
+}
+/* rows p of n elements with idx[p] == only (expert-by-expert streaming) */
+__global__ void swiglu_only_k(float *g, const float *u, const int *idx, int npairs, int n, int only, float limit) {
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i >= (size_t)npairs * n || idx[i / n] != only) return;
+  g[i] = swiglu1(g[i], u[i], limit);
+}
+extern "C" int gk_swiglu_only(float *g, const float *u, const int *idx, int npairs, int n, int only, float limit) {
+  if (npairs <= 0 || n <= 0) return 0;
+  swiglu_only_k<<<gk_blocks((size_t)npairs * n, 256), 256>>>(g, u, idx, npairs, n, only, limit);
+  return GK_LAUNCHED("swiglu_only");
 }
 extern "C" int gk_swiglu(float *g, const float *u, size_t n, float limit) {
   if (!n) return 0;
