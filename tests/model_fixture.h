@@ -2,6 +2,7 @@
  * whole forward without a checkpoint on disk. */
 #ifndef GLM53_TEST_MODEL_FIXTURE_H
 #define GLM53_TEST_MODEL_FIXTURE_H
+#include "glm53.h"
 #include "model/model.h"
 #include "model/backend.h"
 #include "core/util.h"
@@ -103,5 +104,21 @@ static glm53_model *fx_model(const glm53_config *c, uint64_t seed) {
     }
   }
   return m;
+}
+/* Runs tok[0..n) through a fresh session in chunks (lengths from `chunks`,
+ * 0-terminated, the last one repeated) and writes every row's logits. */
+static inline void fx_run_chunks(glm53_model *m, const int32_t *tok, int n, const int *chunks, float *out) {
+  glm53_session *s = glm53_session_new(m, n);
+  CHECK(s != NULL, "session: %s", glm53_last_error());
+  if (!s) return;
+  int V = glm53_model_vocab_size(m), i = 0, ci = 0;
+  while (i < n) {
+    int len = chunks[ci] ? chunks[ci] : 1;
+    if (chunks[ci + 1]) ci++;
+    if (len > n - i) len = n - i;
+    CHECK(glm53_forward(s, tok + i, len, out + (size_t)i * V, 1) == 0, "%s", glm53_last_error());
+    i += len;
+  }
+  glm53_session_free(s);
 }
 #endif

@@ -17,22 +17,6 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-/* chunks: lengths, the last repeated; all logits rows into out */
-static void run_chunks(glm53_model *m, const int32_t *tok, int n, const int *chunks, float *out) {
-  glm53_session *s = glm53_session_new(m, n);
-  CHECK(s != NULL, "session: %s", glm53_last_error());
-  if (!s) return;
-  int V = glm53_model_vocab_size(m), i = 0, ci = 0;
-  while (i < n) {
-    int len = chunks[ci] ? chunks[ci] : 1;
-    if (chunks[ci + 1]) ci++;
-    if (len > n - i) len = n - i;
-    CHECK(glm53_forward(s, tok + i, len, out + (size_t)i * V, 1) == 0, "%s", glm53_last_error());
-    i += len;
-  }
-  glm53_session_free(s);
-}
-
 typedef struct {
   const char *name;
   double gb;      /* load option */
@@ -62,9 +46,9 @@ static void compare(const char *what, glm53_model *(*load)(double gb, void *ctx)
       if (!m) continue;
       CHECK(glm53_gpu_expert_stats_get(m, &st) == 0 && st.streaming, "%s %s: expected streamed experts", what, pl[p].name);
       for (size_t ch = 0; ch < sizeof chunks / sizeof *chunks; ch++) {
-        run_chunks(ref, tok, n, chunks[ch], a);
+        fx_run_chunks(ref, tok, n, chunks[ch], a);
         glm53_gpu_expert_stats_reset(m);
-        run_chunks(m, tok, n, chunks[ch], b);
+        fx_run_chunks(m, tok, n, chunks[ch], b);
         glm53_gpu_expert_stats_get(m, &st);
         double d = rows_rel_diff(a, b, n, V);
         int same = memcmp(a, b, (size_t)n * V * 4) == 0;

@@ -16,35 +16,6 @@
 #include "model_fixture.h"
 #include <stdlib.h>
 
-static float max_rel_row_diff(const float *a, const float *b, int rows, int V) {
-  float worst = 0;
-  for (int r = 0; r < rows; r++) {
-    float mx = 0, d = 0;
-    for (int v = 0; v < V; v++) {
-      mx = fmaxf(mx, fabsf(a[(size_t)r * V + v]));
-      float e = fabsf(a[(size_t)r * V + v] - b[(size_t)r * V + v]);
-      d = fmaxf(d, isnan(e) ? INFINITY : e);
-    }
-    worst = fmaxf(worst, d / fmaxf(mx, 1e-30f));
-  }
-  return worst;
-}
-
-static void run_chunks(glm53_model *m, const int32_t *tok, int n, const int *chunks, float *out) {
-  glm53_session *s = glm53_session_new(m, n);
-  CHECK(s != NULL, "session: %s", glm53_last_error());
-  if (!s) return;
-  int V = m->cfg.vocab_size, i = 0, ci = 0;
-  while (i < n) {
-    int len = chunks[ci] ? chunks[ci] : 1;
-    if (chunks[ci + 1]) ci++;
-    if (len > n - i) len = n - i;
-    CHECK(glm53_forward(s, tok + i, len, out + (size_t)i * V, 1) == 0, "%s", glm53_last_error());
-    i += len;
-  }
-  glm53_session_free(s);
-}
-
 static void check_model(int topk, int kpool, int shared, uint64_t seed) {
   glm53_config c;
   fx_config(&c, topk, kpool, shared);
@@ -54,21 +25,21 @@ static void check_model(int topk, int kpool, int shared, uint64_t seed) {
   trng r = {seed + 77};
   for (int i = 0; i < n; i++) tok[i] = (int32_t)(trng_u64(&r) % V);
   float *cpu = xmalloc((size_t)n * V * 4), *full = xmalloc((size_t)n * V * 4), *other = xmalloc((size_t)n * V * 4);
-  run_chunks(m, tok, n, (int[]){n, 0}, cpu);
+  fx_run_chunks(m, tok, n, (int[]){n, 0}, cpu);
   CHECK(glm53_backend_select(m, "gpu") == 0, "gpu backend: %s", glm53_last_error());
   if (strcmp(glm53_model_backend(m), "gpu")) { free(tok); free(cpu); free(full); free(other); glm53_model_free(m); return; }
   static const int patterns[][6] = {{1, 0}, {5, 0}, {3, 7, 2, 0}, {64, 1, 0}};
   for (int mode = 0; mode < 2; mode++) {
     gk_set_gemm_min(mode ? 1 << 30 : 0); /* 0: default (cuBLAS for >= 32 tokens); 1: GEMV only */
-    run_chunks(m, tok, n, (int[]){n, 0}, full);
-    float d = max_rel_row_diff(cpu, full, n, V);
+    fx_run_chunks(m, tok, n, (int[]){n, 0}, full);
+    float d = (float)rows_rel_diff(cpu, full, n, V);
     printf("topk=%d kpool=%d shared=%d %s: gpu vs cpu max rel diff %.3g\n", topk, kpool, shared, mode ? "gemv" : "cublas", d);
     CHECK(d <= 2e-4f, "topk=%d kpool=%d shared=%d mode %d: gpu vs cpu %g", topk, kpool, shared, mode, d);
-    run_chunks(m, tok, n, (int[]){n, 0}, other);
+    fx_run_chunks(m, tok, n, (int[]){n, 0}, other);
     CHECK(memcmp(full, other, (size_t)n * V * 4) == 0, "two GPU runs differ (mode %d)", mode);
     for (size_t p = 0; p < sizeof patterns / sizeof *patterns; p++) {
-      run_chunks(m, tok, n, patterns[p], other);
-      d = max_rel_row_diff(full, other, n, V);
+      fx_run_chunks(m, tok, n, patterns[p], other);
+      d = (float)rows_rel_diff(full, other, n, V);
       if (mode) CHECK(d == 0.0f, "gemv mode, pattern %zu: prefill/decode differ by %g", p, d);
       else CHECK(d <= 2e-4f, "pattern %zu: prefill/decode differ by %g", p, d);
     }
@@ -88,7 +59,7 @@ static void check_fallback(void) {
   trng r = {99};
   for (int i = 0; i < n; i++) tok[i] = (int32_t)(trng_u64(&r) % V);
   float *ref = xmalloc((size_t)n * V * 4), *got = xmalloc((size_t)n * V * 4);
-  run_chunks(m, tok, n, (int[]){pre, 1, 0}, ref);
+  fx_run_chunks(m, tok, n, (int[]){pre, 1, 0}, ref);
   CHECK(glm53_backend_select(m, "gpu") == 0, "%s", glm53_last_error());
   glm53_session *s = glm53_session_new(m, n);
   CHECK(!strcmp(glm53_session_backend(s), "gpu"), "session backend %s", glm53_session_backend(s));
@@ -106,7 +77,7 @@ static void check_fallback(void) {
   unsetenv("GLM53_FAULT");
   CHECK(faults == 1, "expected one injected fault, saw %d", faults);
   CHECK(!strcmp(glm53_session_backend(s), "cpu"), "after fallback: %s", glm53_session_backend(s));
-  float d = max_rel_row_diff(ref, got, pre + 2, V);
+  float d = (float)rows_rel_diff(ref, got, pre + 2, V);
   CHECK(d <= 2e-4f, "gpu rows before the fault: %g", d);
   CHECK(memcmp(ref + (size_t)(pre + 2) * V, got + (size_t)(pre + 2) * V, (size_t)(n - pre - 2) * V * 4) == 0,
         "rows after the CPU fallback differ from a pure CPU run");

@@ -6,20 +6,6 @@
 #include "glm53.h"
 #include "model_fixture.h"
 
-/* Runs tokens with the given chunk pattern (chunk sizes cycle; 0 ends). */
-static void run_chunks(glm53_model *m, const int32_t *tok, int n, const int *chunks, float *out) {
-  glm53_session *s = glm53_session_new(m, n);
-  int V = m->cfg.vocab_size, i = 0, ci = 0;
-  while (i < n) {
-    int len = chunks[ci] ? chunks[ci] : 1;
-    if (chunks[ci + 1]) ci++;
-    if (len > n - i) len = n - i;
-    CHECK(glm53_forward(s, tok + i, len, out + (size_t)i * V, 1) == 0, "%s", glm53_last_error());
-    i += len;
-  }
-  glm53_session_free(s);
-}
-
 static void check_model(int topk, int kpool, int shared, uint64_t seed) {
   glm53_config c;
   fx_config(&c, topk, kpool, shared);
@@ -29,16 +15,16 @@ static void check_model(int topk, int kpool, int shared, uint64_t seed) {
   trng r = {seed + 77};
   for (int i = 0; i < n; i++) tok[i] = (int32_t)(trng_u64(&r) % V);
   float *full = xmalloc((size_t)n * V * 4), *other = xmalloc((size_t)n * V * 4);
-  run_chunks(m, tok, n, (int[]){n, 0}, full);
+  fx_run_chunks(m, tok, n, (int[]){n, 0}, full);
   static const int patterns[][6] = {{1, 0}, {5, 0}, {3, 7, 2, 0}, {64, 1, 0}, {2, 11, 0}};
   for (size_t p = 0; p < sizeof patterns / sizeof *patterns; p++) {
-    run_chunks(m, tok, n, patterns[p], other);
+    fx_run_chunks(m, tok, n, patterns[p], other);
     float d = rows_rel_diff(full, other, n, V);
     CHECK(d == 0.0f, "topk=%d kpool=%d shared=%d pattern %zu: max rel diff %g", topk, kpool, shared, p, d);
   }
   /* prefix prefilled alone == same rows of the longer prefill */
   int pre = 2 * topk + 1;
-  run_chunks(m, tok, pre, (int[]){pre, 0}, other);
+  fx_run_chunks(m, tok, pre, (int[]){pre, 0}, other);
   float d = rows_rel_diff(full, other, pre, V);
   CHECK(d == 0.0f, "prefix rows differ: %g", d);
   free(tok); free(full); free(other);
