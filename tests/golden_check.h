@@ -20,7 +20,7 @@
 
 /* Runs one case of DIR/goldens.json; returns the worst asserted row's
  * relative difference (or -1 if the case could not run). */
-static double golden_run_case(glm53_model *m, const char *dir, const cJSON *cs) {
+static inline double golden_run_case(glm53_model *m, const char *dir, const cJSON *cs) {
   const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(cs, "name"));
   const char *ref = cJSON_GetStringValue(cJSON_GetObjectItem(cs, "reference"));
   const char *file = cJSON_GetStringValue(cJSON_GetObjectItem(cs, "logits"));
