@@ -10,7 +10,7 @@ cd "$(dirname "$0")/../.."
 B=${BUILD:-build-gpu}
 NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 cmake -S . -B "$B" -DGLM53_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$NVCC" >/dev/null
-T="glm53 test_gpu_kernels test_gpu_forward test_gpu_expert_cache test_backend_select gpu_decode"
+T="glm53 test_gpu_kernels test_gpu_forward test_gpu_expert_cache test_gpu_golden test_backend_select gpu_decode"
 cmake --build "$B" -j2 --target $T
 grep -qx '/.devcarry/' .git/info/exclude 2>/dev/null || echo '/.devcarry/' >> .git/info/exclude
 rm -rf .devcarry && mkdir -p .devcarry/stage/lib

@@ -33,6 +33,7 @@ step test_gpu_kernels 40 env "$D/test_gpu_kernels"
 step test_gpu_expert_cache 60 env "$D/test_gpu_expert_cache"
 step test_gpu_forward.graph 60 env GLM53_GPU_GRAPH=1 "$D/test_gpu_forward"
 step test_backend_select 20 env "$D/test_backend_select"
+step test_gpu_golden 60 env "$D/test_gpu_golden"
 if "$D/glm53" quality --help 2>&1 | grep -q -- --compare-backends; then
   step quality_compare 50 env "$D/glm53" quality --model models/tiny --text tests/data/tiny/heldout.txt --compare-backends --max-tokens 2048
 else
