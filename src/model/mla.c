@@ -165,32 +165,41 @@ void mla_forward(const mla_weights *w, const glm53_config *c, mla_state *st, con
       const dsa_sel *s = &sel[t];
       const float *qh = q + ((size_t)t * H + h) * nope;
       const float *WUK = kvb + (size_t)h * (nope + vd) * kl, *WUV = WUK + (size_t)nope * kl;
-      float *qt = xmalloc((size_t)kl * sizeof(float)), *ob = xmalloc((size_t)kl * sizeof(float));
-      for (int j = 0; j < kl; j++) {
-        double acc = 0;
-        for (int i = 0; i < nope; i++) acc += (double)WUK[(size_t)i * kl + j] * qh[i];
-        qt[j] = (float)acc;
+      /* one scratch block: absorbed query, softmax-weighted latent sum, the
+       * scores of the selected tokens (at most pos + 1) */
+      double *acc = xmalloc(((size_t)kl + (size_t)pos + 1) * sizeof(double) + (size_t)kl * sizeof(float));
+      double *sc = acc + kl;
+      float *qt = (float *)(sc + pos + 1);
+      /* q~ = W_UK^T q, as a sum of W_UK rows (contiguous reads) */
+      for (int j = 0; j < kl; j++) acc[j] = 0;
+      for (int i = 0; i < nope; i++) {
+        const float *row = WUK + (size_t)i * kl;
+        const double qi = qh[i];
+        for (int j = 0; j < kl; j++) acc[j] += qi * row[j];
       }
-      /* two passes over the selection: max score, then softmax-weighted latent sum */
+      for (int j = 0; j < kl; j++) qt[j] = (float)acc[j];
+      /* scores once, then the softmax-weighted latent sum */
       double mx = -INFINITY;
+      int ns = 0;
       FOR_SELECTED(s, pos, P, tok, {
-        double sc = dotd(qt, st->latent + (size_t)tok * kl, kl) * scale;
-        if (sc > mx) mx = sc;
+        sc[ns] = dotd(qt, st->latent + (size_t)tok * kl, kl) * scale;
+        if (sc[ns] > mx) mx = sc[ns];
+        ns++;
       });
       double z = 0;
-      double *acc = xcalloc((size_t)kl, sizeof(double));
+      for (int j = 0; j < kl; j++) acc[j] = 0;
+      ns = 0;
       FOR_SELECTED(s, pos, P, tok, {
         const float *cs = st->latent + (size_t)tok * kl;
-        double p = exp(dotd(qt, cs, kl) * scale - mx);
+        double p = exp(sc[ns++] - mx);
         z += p;
         for (int j = 0; j < kl; j++) acc[j] += p * cs[j];
       });
+      float *ob = qt; /* q~ is no longer needed */
       for (int j = 0; j < kl; j++) ob[j] = z > 0 ? (float)(acc[j] / z) : 0.0f;
       float *oh = o + ((size_t)t * H + h) * vd;
       for (int i = 0; i < vd; i++) oh[i] = (float)dotd(WUV + (size_t)i * kl, ob, kl);
       free(acc);
-      free(qt);
-      free(ob);
     }
   wmat_matmul(&w->o_proj, o, T, out);
   free(o);
