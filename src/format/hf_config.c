@@ -170,8 +170,10 @@ static int parse_eos(const cJSON *o, const cJSON *top, glm53_config *c) {
   return 0;
 }
 
-/* linear_attn_config overrides the linear_* fields (transformers semantics:
- * dict.get(key, current)), including an explicit null lower_bound. */
+/* linear_attn_config overrides the linear_* fields with transformers 5.17's
+ * semantics (dict.get(key, current)): keys head_dim, num_heads,
+ * short_conv_kernel_size, gate_lower_bound (an explicit null clears it), and
+ * safe_gate (default true) restores -5 when the bound ends up null. */
 static int parse_linear_dict(const cJSON *o, glm53_config *c, int *have_heads, int *have_dim) {
   const cJSON *d = get(o, "linear_attn_config");
   if (!d || cJSON_IsNull(d)) return 0;
@@ -188,9 +190,9 @@ static int parse_linear_dict(const cJSON *o, glm53_config *c, int *have_heads, i
   if ((v = get(d, "short_conv_kernel_size")) && !cJSON_IsNull(v) &&
       as_int(v, "linear_attn_config.short_conv_kernel_size", &c->linear_conv_kernel_dim))
     return -1;
-  if (opt_float(d, "lower_bound", c->linear_lower_bound, NAN, &c->linear_lower_bound)) return -1;
-  int safe = 0;
-  if (opt_bool(d, "safe_gate", 0, &safe)) return -1;
+  if (opt_float(d, "gate_lower_bound", c->linear_lower_bound, NAN, &c->linear_lower_bound)) return -1;
+  int safe = 1;
+  if (opt_bool(d, "safe_gate", 1, &safe)) return -1;
   if (safe && isnan(c->linear_lower_bound)) c->linear_lower_bound = -5.0f;
   return 0;
 }

@@ -131,7 +131,7 @@ static void test_aliases_and_dicts(void) {
   cJSON_AddNumberToObject(d, "num_heads", 6);
   cJSON_AddNumberToObject(d, "head_dim", 24);
   cJSON_AddNumberToObject(d, "short_conv_kernel_size", 3);
-  cJSON_AddNumberToObject(d, "lower_bound", -3.5);
+  cJSON_AddNumberToObject(d, "gate_lower_bound", -3.5);
   cJSON *lt = cJSON_AddArrayToObject(o, "layer_types");
   const char *types[] = {"linear_attention", "full_attention", "deepseek_sparse_attention", "linear_attention"};
   for (int i = 0; i < 4; i++) cJSON_AddItemToArray(lt, cJSON_CreateString(types[i]));
@@ -142,12 +142,13 @@ static void test_aliases_and_dicts(void) {
   CHECK(c.layer_types[0] == ATTN_KDA && c.layer_types[1] == ATTN_MLA && c.layer_types[2] == ATTN_MLA &&
             c.layer_types[3] == ATTN_KDA, "layer types");
   CHECK(glm53_config_validate(&c) == 0, "%s", glm53_last_error());
-  /* Dict null lower_bound -> NaN (validate rejects), unless safe_gate. */
-  cJSON_ReplaceItemInObject(d, "lower_bound", cJSON_CreateNull());
+  /* Dict null gate_lower_bound: safe_gate (default true) restores -5; with
+   * safe_gate false it stays null and validate rejects it. */
+  cJSON_ReplaceItemInObject(d, "gate_lower_bound", cJSON_CreateNull());
+  CHECK(parse_obj(o, &c) == 0 && c.linear_lower_bound == -5.0f, "safe_gate default");
+  cJSON_AddFalseToObject(d, "safe_gate");
   CHECK(parse_obj(o, &c) == 0 && isnan(c.linear_lower_bound), "null lower bound");
   CHECK(glm53_config_validate(&c) == -1 && strstr(glm53_last_error(), "linear_lower_bound"), "%s", glm53_last_error());
-  cJSON_AddTrueToObject(d, "safe_gate");
-  CHECK(parse_obj(o, &c) == 0 && c.linear_lower_bound == -5.0f, "safe_gate");
   cJSON_Delete(o);
 }
 
