@@ -158,29 +158,18 @@ static void *mdev(gmodel *g, size_t n) {
 
 static void *mdev_cb(void *ctx, size_t n) { return mdev(ctx, n); }
 
-static size_t mat_data_bytes(const wmat *w) {
-  size_t n = (size_t)w->rows * w->cols;
-  switch (w->fmt) {
-  case WMAT_F32: return n * 4;
-  case WMAT_BF16: return n * 2;
-  case WMAT_Q8: return n;
-  case WMAT_Q4: return (n + 1) / 2;
-  default: return 0;
-  }
-}
-
 static int up_mat(gmodel *g, const wmat *w, gpu_mat *o) {
   memset(o, 0, sizeof *o);
   if (w->fmt == WMAT_NONE) return 0;
   if (w->fmt < WMAT_F32 || w->fmt > WMAT_Q4) return glm53_err("gpu: weight format %d not supported", w->fmt);
   o->fmt = w->fmt; o->rows = w->rows; o->cols = w->cols; o->group = w->group; o->scale_bf16 = w->scale_bf16;
-  size_t nb = mat_data_bytes(w);
+  size_t nb = wmat_data_bytes(w);
   void *d = mdev(g, nb);
   if (!d || gk_h2d(d, w->data, nb)) return glm53_err("gpu: %s", gk_error());
   o->d = d;
   if (w->fmt == WMAT_Q8 || w->fmt == WMAT_Q4) {
     if (w->group <= 0 || w->cols % w->group) return glm53_err("gpu: quantized matrix with group %d not dividing %d columns", w->group, w->cols);
-    size_t sb = (size_t)w->rows * (w->cols / w->group) * 2;
+    size_t sb = wmat_scale_bytes(w);
     void *s = mdev(g, sb);
     if (!s || gk_h2d(s, w->scales, sb)) return glm53_err("gpu: %s", gk_error());
     o->s = s;

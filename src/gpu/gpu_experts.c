@@ -16,29 +16,15 @@
 
 static size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
 
-static size_t data_bytes(const wmat *w) {
-  size_t n = (size_t)w->rows * w->cols;
-  switch (w->fmt) {
-  case WMAT_F32: return n * 4;
-  case WMAT_BF16: return n * 2;
-  case WMAT_Q8: return n;
-  case WMAT_Q4: return (n + 1) / 2;
-  default: return 0;
-  }
-}
-static size_t scale_bytes(const wmat *w) {
-  return w->fmt >= WMAT_Q8 && w->group > 0 ? (size_t)w->rows * (w->cols / w->group) * 2 : 0;
-}
-
 /* blob layout of layer l's experts (they share one shape) */
 static void layout(const mlp_weights *e, gpu_xlayer *L) {
   const wmat *w[3] = {&e->gate, &e->up, &e->down};
   size_t off = 0;
   for (int i = 0; i < 3; i++) {
     L->off[2 * i] = off;
-    off += al256(data_bytes(w[i]));
+    off += al256(wmat_data_bytes(w[i]));
     L->off[2 * i + 1] = off;
-    off += al256(scale_bytes(w[i]));
+    off += al256(wmat_scale_bytes(w[i]));
   }
   L->blob = off;
 }
@@ -130,8 +116,8 @@ int gpu_xcache_init(gpu_xcache *x, const glm53_model *m, gpu_mat **h_exp, double
       const mlp_weights *w = &m->layers[l].moe.experts[e];
       const wmat *ws[3] = {&w->gate, &w->up, &w->down};
       for (int i = 0; i < 3; i++) {
-        memcpy(b + L->off[2 * i], ws[i]->data, data_bytes(ws[i]));
-        if (scale_bytes(ws[i])) memcpy(b + L->off[2 * i + 1], ws[i]->scales, scale_bytes(ws[i]));
+        memcpy(b + L->off[2 * i], ws[i]->data, wmat_data_bytes(ws[i]));
+        if (wmat_scale_bytes(ws[i])) memcpy(b + L->off[2 * i + 1], ws[i]->scales, wmat_scale_bytes(ws[i]));
       }
     }
   }

@@ -81,16 +81,22 @@ void wmat_matmul(const wmat *w, const float *x, int n, float *y) {
   }
 }
 
-size_t wmat_bytes(const wmat *w) {
+size_t wmat_data_bytes(const wmat *w) {
   size_t n = (size_t)w->rows * w->cols;
   switch (w->fmt) {
   case WMAT_F32: return n * 4;
   case WMAT_BF16: return n * 2;
-  case WMAT_Q8: return n + n / w->group * 2;
-  case WMAT_Q4: return n / 2 + n / w->group * 2;
+  case WMAT_Q8: return n;
+  case WMAT_Q4: return (n + 1) / 2;
   default: return 0;
   }
 }
+
+size_t wmat_scale_bytes(const wmat *w) {
+  return (w->fmt == WMAT_Q8 || w->fmt == WMAT_Q4) && w->group > 0 ? (size_t)w->rows * (w->cols / w->group) * 2 : 0;
+}
+
+size_t wmat_bytes(const wmat *w) { return wmat_data_bytes(w) + wmat_scale_bytes(w); }
 
 wmat wmat_rows(const wmat *w, int r0, int n) {
   wmat v = *w;

@@ -33,7 +33,9 @@ static inline void wmat_matvec(const wmat *w, const float *x, float *y) { wmat_m
 void wmat_get_row(const wmat *w, int r, float *out);
 /* The plain-C dequantization (reference for the SIMD kernels' tests). */
 void wmat_get_row_generic(const wmat *w, int r, float *out);
-size_t wmat_bytes(const wmat *w);
+size_t wmat_bytes(const wmat *w);       /* data + scales */
+size_t wmat_data_bytes(const wmat *w);  /* the weights (Q4: two per byte) */
+size_t wmat_scale_bytes(const wmat *w); /* Q4/Q8 group scales, else 0 */
 /* Rows [r0, r0+n) of w as a non-owning view (any format; e.g. one head's
  * W_UV block of kv_b, so it can go through wmat_matmul without dequantizing
  * the whole matrix). */
