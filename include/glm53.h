@@ -55,6 +55,19 @@ glm53_model *glm53_session_model(const glm53_session *s);
  * the session is unchanged (a prompt longer than the context is refused). */
 int glm53_forward(glm53_session *s, const int32_t *tokens, int n, float *logits, int all_rows);
 
+/* One decode step for n sessions of the same model, one token each:
+ * tokens[i] is fed to sessions[i] and row i of logits (n x vocab floats)
+ * gets its next-token logits. Same results as n single-token
+ * glm53_forward calls, up to the backend's batch tolerance (docs/gpu.md);
+ * the gpu backend runs the n tokens through one batched forward, the cpu
+ * backend loops. Sessions must be distinct; sessions on different
+ * backends or models are stepped one by one. Returns 0, or -1 when some row
+ * failed: the rows whose glm53_session_pos advanced were stepped (their
+ * logits rows are valid), the others were not (after a backend error their
+ * device state may be stale: glm53_session_fallback_cpu rebuilds it from the
+ * token history). */
+int glm53_forward_batch(glm53_session **sessions, const int32_t *tokens, int n, float *logits);
+
 /* Backend in use ("cpu" or "gpu"). */
 const char *glm53_model_backend(const glm53_model *m);
 const char *glm53_session_backend(const glm53_session *s);

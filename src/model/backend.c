@@ -81,6 +81,33 @@ int glm53_forward(glm53_session *s, const int32_t *tokens, int T, float *logits,
   return 0;
 }
 
+int glm53_forward_batch(glm53_session **ss, const int32_t *tokens, int n, float *logits) {
+  if (n <= 0) return glm53_err("forward_batch: empty batch");
+  const glm53_backend *b = ss[0]->backend;
+  const int V = ss[0]->m->cfg.vocab_size;
+  int same = 1;
+  for (int i = 0; i < n; i++) {
+    glm53_session *s = ss[i];
+    if (s->pos + 1 > s->max_ctx)
+      return glm53_err("batch row %d: context of %d tokens is full", i, s->max_ctx);
+    if (tokens[i] < 0 || tokens[i] >= V)
+      return glm53_err("batch row %d: token id %d is outside the vocabulary (0..%d)", i, tokens[i], V - 1);
+    if (s->backend != b || s->m != ss[0]->m) same = 0;
+    for (int j = 0; j < i; j++)
+      if (ss[j] == s) return glm53_err("forward_batch: session given twice (rows %d and %d)", j, i);
+  }
+  if (!same || !b->forward_batch || n == 1) { /* one by one; stops at the first failure */
+    for (int i = 0; i < n; i++)
+      if (glm53_forward(ss[i], tokens + i, 1, logits + (size_t)i * V, 0)) return -1;
+    return 0;
+  }
+  if (glm53_fault_should_fail("forward"))
+    return glm53_err("%s backend error: injected fault (GLM53_FAULT)", b->name);
+  if (b->forward_batch(ss, tokens, n, logits)) return -1;
+  for (int i = 0; i < n; i++) ss[i]->history[ss[i]->pos++] = tokens[i];
+  return 0;
+}
+
 int glm53_session_fallback_cpu(glm53_session *s) {
   int n = s->pos;
   if (s->backend != &cpu_backend && s->backend->session_free) s->backend->session_free(s);

@@ -29,6 +29,9 @@ typedef struct glm53_backend {
   /* Same contract as glm53_forward; the session's pos/history are advanced
    * by the caller on success. */
   int (*forward)(glm53_session *s, const int32_t *tokens, int n, float *logits, int all_rows);
+  /* Optional: one token for each of n sessions in one step (glm53_forward_batch
+   * contract, arguments already checked). NULL: glm53_forward_batch loops. */
+  int (*forward_batch)(glm53_session **s, const int32_t *tokens, int n, float *logits);
 } glm53_backend;
 
 /* The reference backend (always available). */

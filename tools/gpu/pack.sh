@@ -2,22 +2,23 @@
 # Builds the CUDA configuration here (the device machine has nvcc but not the
 # engine's Debian dependencies) and packs the CLI, the GPU test/bench
 # binaries and the non-CUDA, non-libc shared libraries they need into
-# .devcarry/ (git-ignored through .git/info/exclude) as one xz tarball (the
+# $CARRY/ (default .devcarry; git-ignored through .git/info/exclude) as one xz tarball (the
 # whole working tree that travels is limited to 64 MiB), for `run` with
 # carry [".devcarry"] and tools/gpu/run_device.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 B=${BUILD:-build-gpu}
+C=${CARRY:-.devcarry}
 NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 cmake -S . -B "$B" -DGLM53_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$NVCC" >/dev/null
-T="glm53 test_gpu_kernels test_gpu_forward test_gpu_expert_cache test_gpu_golden test_backend_select gpu_decode"
+T=${TARGETS:-"glm53 test_gpu_kernels test_gpu_forward test_gpu_expert_cache test_gpu_golden test_backend_select gpu_decode"}
 cmake --build "$B" -j2 --target $T
-grep -qx '/.devcarry/' .git/info/exclude 2>/dev/null || echo '/.devcarry/' >> .git/info/exclude
-rm -rf .devcarry && mkdir -p .devcarry/stage/lib
-for t in $T; do cp "$B/$t" .devcarry/stage/; strip .devcarry/stage/$t; done
+grep -qx "/$C/" .git/info/exclude 2>/dev/null || echo "/$C/" >> .git/info/exclude
+rm -rf "$C" && mkdir -p "$C/stage/lib"
+for t in $T; do cp "$B/$t" "$C/stage/"; strip "$C/stage/$t"; done
 for t in $T; do ldd "$B/$t"; done | awk '/=>/{print $3}' | sort -u |
   grep -vE '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so|/usr/local/cuda|libcuda' |
-  while read -r l; do cp -L "$l" .devcarry/stage/lib/; done
-tar -C .devcarry/stage -cJf .devcarry/bin.tar.xz .
-rm -rf .devcarry/stage
-du -sh .devcarry
+  while read -r l; do cp -L "$l" "$C/stage/lib/"; done
+tar -C "$C/stage" -cJf "$C/bin.tar.xz" .
+rm -rf "$C/stage"
+du -sh "$C"

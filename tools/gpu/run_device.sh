@@ -9,8 +9,9 @@
 # summary is printed even when a step runs long.
 set -u
 DEADLINE=${DEADLINE:-225}
-D=.devcarry/x
-mkdir -p "$D" && tar -C "$D" -xJf .devcarry/bin.tar.xz || { echo "unpack failed"; exit 1; }
+C=${CARRY:-.devcarry}
+D=$C/x
+mkdir -p "$D" && tar -C "$D" -xJf "$C/bin.tar.xz" || { echo "unpack failed"; exit 1; }
 libs=""
 for f in libcudart.so.13 libcublas.so.13 libcublasLt.so.13; do
   p=$(find /usr/local /usr/lib /opt -name "$f" 2>/dev/null | head -1)
