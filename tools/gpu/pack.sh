@@ -13,7 +13,10 @@ NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 cmake -S . -B "$B" -DGLM53_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$NVCC" >/dev/null
 T=${TARGETS:-"glm53 test_gpu_kernels test_gpu_forward test_gpu_expert_cache test_gpu_golden test_backend_select gpu_decode"}
 cmake --build "$B" -j2 --target $T
-grep -qx "/$C/" .git/info/exclude 2>/dev/null || echo "/$C/" >> .git/info/exclude
+case "$C" in /*) ;; *) # a relative carry folder is git-ignored (worktrees share the common exclude)
+  X="$(git rev-parse --git-common-dir)/info/exclude"
+  grep -qx "/$C/" "$X" 2>/dev/null || echo "/$C/" >> "$X" ;;
+esac
 rm -rf "$C" && mkdir -p "$C/stage/lib"
 for t in $T; do cp "$B/$t" "$C/stage/"; strip "$C/stage/$t"; done
 for t in $T; do ldd "$B/$t"; done | awk '/=>/{print $3}' | sort -u |

@@ -9,15 +9,7 @@
 # summary is printed even when a step runs long.
 set -u
 DEADLINE=${DEADLINE:-225}
-C=${CARRY:-.devcarry}
-D=$C/x
-mkdir -p "$D" && tar -C "$D" -xJf "$C/bin.tar.xz" || { echo "unpack failed"; exit 1; }
-libs=""
-for f in libcudart.so.13 libcublas.so.13 libcublasLt.so.13; do
-  p=$(find /usr/local /usr/lib /opt -name "$f" 2>/dev/null | head -1)
-  [ -n "$p" ] && libs="$libs:$(dirname "$p")"
-done
-export LD_LIBRARY_PATH="$PWD/$D/lib$libs:${LD_LIBRARY_PATH:-}"
+. tools/gpu/device_env.sh || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
 date -u
 step() { # name timeout cmd... (env assignments via env)
