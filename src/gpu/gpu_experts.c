@@ -3,7 +3,8 @@
  * expert id): no usage statistics exist at load time. The streamed ones are
  * packed into one host buffer (page-locked when the driver allows, so the
  * copies run on the copy engine asynchronously), one blob per expert, and
- * cached in device slots replaced least-recently-used. Which weights a
+ * cached in device slots replaced least-frequently-used with aging (ties
+ * and GLM53_GPU_EXPERT_POLICY=lru: least recently used). Which weights a
  * product reads never changes its arithmetic, so results do not depend on
  * the placement (tests/gpu/test_gpu_expert_cache.c). */
 #include "gpu/gpu_internal.h"
@@ -72,6 +73,7 @@ int gpu_xcache_init(gpu_xcache *x, const glm53_model *m, gpu_mat **h_exp, double
     gpu_xlayer *L = &x->L[l];
     L->host = xcalloc((size_t)E, sizeof(char *));
     L->slot = xmalloc((size_t)E * sizeof(int));
+    L->freq = xcalloc((size_t)E, sizeof(uint32_t));
     for (int e = 0; e < E; e++) {
       const mlp_weights *w = &m->layers[l].moe.experts[e];
       L->slot[e] = -1;
@@ -121,6 +123,8 @@ int gpu_xcache_init(gpu_xcache *x, const glm53_model *m, gpu_mat **h_exp, double
       }
     }
   }
+  const char *pol = getenv("GLM53_GPU_EXPERT_POLICY");
+  x->lfu = !(pol && !strcmp(pol, "lru"));
   x->dslots = alloc(ctx, (size_t)x->nslots * x->slot_bytes);
   if (!x->dslots) return glm53_err("gpu experts: %d cache slots of %zu bytes: %s", x->nslots, x->slot_bytes, gk_error());
   x->s_layer = xmalloc((size_t)x->nslots * sizeof(int));
@@ -142,6 +146,7 @@ void gpu_xcache_free(gpu_xcache *x) {
     for (int l = 0; l < x->nlayers; l++) {
       free(x->L[l].host);
       free(x->L[l].slot);
+      free(x->L[l].freq);
     }
   free(x->L);
   for (int s = 0; s < x->nslots; s++) {
@@ -187,42 +192,71 @@ int gpu_xcache_fetch(gpu_xcache *x, int l, int e, gpu_mat *h_exp_l, gpu_mat *d_e
     x->uses_resident++;
     return 0;
   }
-  int s = L->slot[e];
-  if (s >= 0) {
-    if (x->s_call[s] != x->call) x->hits++; /* a second pair of the same call is no new use */
-    x->s_tick[s] = ++x->tick;
-    x->s_call[s] = x->call;
-    return 0;
-  }
-  /* least recently used slot, preferring those this call does not hold */
-  int best = -1, best_cur = -1;
-  for (int i = 0; i < x->nslots; i++) {
-    if (x->s_call[i] != x->call) {
-      if (best < 0 || x->s_tick[i] < x->s_tick[best]) best = i;
-    } else if (best_cur < 0 || x->s_tick[i] < x->s_tick[best_cur]) best_cur = i;
-  }
-  if (best < 0) {
-    if (!evict_current) return 1;
-    best = best_cur;
-  }
-  s = best;
-  if (x->s_exp[s] >= 0) x->L[x->s_layer[s]].slot[x->s_exp[s]] = -1;
+  if (gpu_xcache_lookup(x, l, e) >= 0) return 0;
+  int s = gpu_xcache_pick(x, evict_current);
+  if (s < 0) return 1;
   char *dst = x->dslots + (size_t)s * x->slot_bytes;
   /* the copy engine overwrites the slot only after the kernels that read its
    * previous expert; the kernels of this one wait for the copy */
   if (gk_copy_wait(x->s_free[s]) || gk_copy_h2d_async(dst, L->host[e], L->blob) || gk_event_on_copy(x->s_ready[s]))
     return glm53_err("gpu expert copy: %s", gk_error());
-  x->s_layer[s] = l;
-  x->s_exp[s] = e;
-  x->s_tick[s] = ++x->tick;
-  x->s_call[s] = x->call;
-  L->slot[e] = s;
-  x->misses++;
+  gpu_xcache_assign(x, s, l, e);
   x->bytes_h2d += L->blob;
   point(L, dst, &h_exp_l[e * 3]);
   /* the device table entries, in order with the kernels that read them */
   if (gk_h2d_compute(&d_exp_l[e * 3], &h_exp_l[e * 3], 3 * sizeof(gpu_mat))) return glm53_err("gpu expert table: %s", gk_error());
   return 0;
+}
+
+int gpu_xcache_lookup(gpu_xcache *x, int l, int e) {
+  int s = x->L[l].slot[e];
+  if (s < 0) return -1;
+  if (x->s_call[s] != x->call) { /* a second pair of the same call is no new use */
+    x->hits++;
+    gpu_xcache_count(x, l, e);
+  }
+  x->s_tick[s] = ++x->tick;
+  x->s_call[s] = x->call;
+  return s;
+}
+
+void gpu_xcache_assign(gpu_xcache *x, int s, int l, int e) {
+  if (x->s_exp[s] >= 0) x->L[x->s_layer[s]].slot[x->s_exp[s]] = -1;
+  x->s_layer[s] = l;
+  x->s_exp[s] = e;
+  x->s_tick[s] = ++x->tick;
+  x->s_call[s] = x->call;
+  x->L[l].slot[e] = s;
+  x->misses++;
+  gpu_xcache_count(x, l, e);
+}
+
+void gpu_xcache_count(gpu_xcache *x, int l, int e) {
+  x->L[l].freq[e]++;
+  if (++x->uses % ((uint64_t)x->nslots * 64) == 0)
+    for (int i = 0; i < x->nlayers; i++)
+      if (x->L[i].freq)
+        for (int j = 0; j < x->E; j++) x->L[i].freq[j] >>= 1;
+}
+
+/* ordering of eviction candidates: empty first, then (lfu) fewer uses, then older */
+static int worse(const gpu_xcache *x, int a, int b) {
+  int ea = x->s_exp[a] >= 0, eb = x->s_exp[b] >= 0;
+  if (ea != eb) return !ea;
+  if (x->lfu && ea) {
+    uint32_t fa = x->L[x->s_layer[a]].freq[x->s_exp[a]], fb = x->L[x->s_layer[b]].freq[x->s_exp[b]];
+    if (fa != fb) return fa < fb;
+  }
+  return x->s_tick[a] < x->s_tick[b];
+}
+
+int gpu_xcache_pick(const gpu_xcache *x, int evict_current) {
+  int best = -1, best_cur = -1;
+  for (int i = 0; i < x->nslots; i++) {
+    int *b = x->s_call[i] != x->call ? &best : &best_cur;
+    if (*b < 0 || worse(x, i, *b)) *b = i;
+  }
+  return best >= 0 ? best : evict_current ? best_cur : -1;
 }
 
 int gpu_xcache_ready(gpu_xcache *x, int l, int e) {

@@ -31,6 +31,7 @@ typedef struct {
   size_t blob, off[6]; /* blob bytes; offsets of gate/up/down data and scales */
   char **host;         /* [E] host blob of a streamed expert, NULL when resident */
   int *slot;           /* [E] cache slot holding it, or -1 */
+  uint32_t *freq;      /* [E] layer calls that used it (halved periodically) */
   int nstreamed;
 } gpu_xlayer;
 
@@ -45,6 +46,8 @@ typedef struct {
   uint64_t *s_tick, *s_call;
   void **s_free, **s_ready; /* per slot: last compute use done / copy done */
   uint64_t tick, call;
+  int lfu;            /* eviction: 1 least frequently used (ties: least recent), 0 least recently used */
+  uint64_t uses;      /* streamed-expert uses, for the periodic halving of freq */
   char *host;         /* all streamed blobs */
   int host_pinned;
   int *h_idx;         /* routing read back per MoE layer (pinned when possible) */
@@ -72,6 +75,18 @@ void gpu_xcache_begin(gpu_xcache *x);
  * layer's call, returning 1 when none is free), waits on the copy stream for
  * the slot's last use, copies, and points h_exp_l/d_exp_l[e*3..] at it. */
 int gpu_xcache_fetch(gpu_xcache *x, int l, int e, gpu_mat *h_exp_l, gpu_mat *d_exp_l, int evict_current);
+/* Cache bookkeeping, no device work (gpu_xcache_fetch is these plus the
+ * copy; tests/gpu/test_gpu_expert_policy.c drives them directly):
+ * lookup: the slot holding streamed expert e of layer l (a hit, counted
+ * once per layer call), or -1; pick: the slot to overwrite, an empty one,
+ * else by policy among the slots the current call does not hold (with
+ * evict_current among those too when none is left), or -1; assign: slot s
+ * now holds (l, e) (a miss); count: one use of (l, e) in freq, every count
+ * halved after 64 uses per slot so that old popularity fades. */
+int gpu_xcache_lookup(gpu_xcache *x, int l, int e);
+int gpu_xcache_pick(const gpu_xcache *x, int evict_current);
+void gpu_xcache_assign(gpu_xcache *x, int s, int l, int e);
+void gpu_xcache_count(gpu_xcache *x, int l, int e);
 /* The compute stream waits for expert e's copy. */
 int gpu_xcache_ready(gpu_xcache *x, int l, int e);
 /* After the launches that read expert e: its slot may be reused after them. */

@@ -371,6 +371,63 @@ static void check_attn(srng *r, gpu_check *out, int max, int *k) {
   free(q); free(lat); free(ref); free(got); free(row);
 }
 
+/* the GEMM form of the attention (gk_mla_attn_gemm) on a chunk whose first
+ * tokens select a cache prefix (fewer than K pools complete) and whose later
+ * ones select K pools + the tail (gathered), as select_k builds them with
+ * always_tail; float64 loop. Returns no check when the build has no BLAS. */
+static void check_attn_gemm(srng *r, gpu_check *out, int max, int *k) {
+  enum { H = 4, kl = 64, P = 2, K = 3, pos0 = 3, T = 10, ctx = pos0 + T };
+  float *qt = rvec(r, (size_t)T * H * kl, -1, 1), *lat = rvec(r, (size_t)ctx * kl, -1, 1);
+  int dense[T], np[T], tail[T], pools[T * K];
+  for (int t = 0; t < T; t++) {
+    int pos = pos0 + t, n = (pos + 1) / P;
+    dense[t] = n <= K;
+    np[t] = n <= K ? n : K;
+    tail[t] = n * P;
+    static const int off[K] = {0, 1, 3}; /* distinct pools for n >= 4, in no particular order */
+    for (int i = 0; i < K; i++) pools[t * K + i] = n <= K ? i : (t + off[i]) % n;
+  }
+  float *ref = xmalloc((size_t)T * H * kl * 4), *got = xmalloc((size_t)T * H * kl * 4);
+  const double scale = 0.125;
+  for (int t = 0; t < T; t++)
+    for (int h = 0; h < H; h++) {
+      int toks[64], n = 0, pos = pos0 + t;
+      if (dense[t]) for (int j = 0; j <= pos; j++) toks[n++] = j;
+      else {
+        for (int p = 0; p < np[t]; p++) for (int m = 0; m < P; m++) toks[n++] = pools[t * K + p] * P + m;
+        for (int j = tail[t]; j <= pos; j++) toks[n++] = j;
+      }
+      double sc[64], mx = -INFINITY, z = 0, ob[kl] = {0};
+      for (int s = 0; s < n; s++) {
+        double a = 0;
+        for (int j = 0; j < kl; j++) a += (double)qt[(t * H + h) * kl + j] * lat[toks[s] * kl + j];
+        sc[s] = a * scale;
+        mx = fmax(mx, sc[s]);
+      }
+      for (int s = 0; s < n; s++) {
+        double p = exp(sc[s] - mx);
+        z += p;
+        for (int j = 0; j < kl; j++) ob[j] += p * lat[toks[s] * kl + j];
+      }
+      for (int j = 0; j < kl; j++) ref[(t * H + h) * kl + j] = (float)(ob[j] / z);
+    }
+  dpool d = {0};
+  float *dq = dput(&d, qt, sizeof(float) * T * H * kl), *dl = dput(&d, lat, sizeof(float) * ctx * kl);
+  float *dob = dput(&d, NULL, sizeof(float) * T * H * kl);
+  int *dd = dput(&d, dense, sizeof dense), *dn = dput(&d, np, sizeof np), *dt = dput(&d, tail, sizeof tail);
+  int *dp = dput(&d, pools, sizeof pools);
+  const int p0 = pos0;
+  int *dp0 = dput(&d, &p0, 4);
+  int rc = d.bad ? -1 : gk_mla_attn_gemm(dq, dl, dd, dn, dt, dp, T, dp0, pos0, H, kl, P, K, (float)scale, dob);
+  if (rc != 1) { /* 1: not in this build */
+    double e = INFINITY;
+    if (!rc && !gk_d2h(got, dob, sizeof(float) * T * H * kl)) e = relerr(got, ref, (size_t)T * H * kl);
+    add(out, max, k, "mla attention, GEMM form (prefix+gather)", e, 1e-5);
+  }
+  dfree(&d);
+  free(qt); free(lat); free(ref); free(got);
+}
+
 static void check_route(srng *r, gpu_check *out, int max, int *k) {
   glm53_config c = {0};
   c.n_routed_experts = 64; c.num_experts_per_tok = 6; c.n_group = 4; c.topk_group = 2; c.norm_topk_prob = 1;
@@ -408,6 +465,7 @@ int glm53_gpu_selftest(uint64_t seed, gpu_check *out, int max) {
   check_kda(&r, out, max, &n);
   check_indexer(&r, out, max, &n);
   check_attn(&r, out, max, &n);
+  check_attn_gemm(&r, out, max, &n);
   check_route(&r, out, max, &n);
   if (gk_sync()) return -1;
   return n < max ? n : max;

@@ -115,6 +115,12 @@ int gk_select(const float *score, int T, const int *dpos, int P, int K, int maxp
 int gk_mla_attn(const float *qt, const float *latent, const int *dense, const int *npools, const int *tail,
                 const int *pools, int T, const int *dpos, int H, int kl, int P, int K, float scale, int chunk, int nsplit,
                 float *part, float *ob);
+/* The same attention for long chunks through fp32 cuBLAS GEMMs
+ * (gk_mla_gemm.cu): all heads of a token share its selected rows. pos0: the
+ * chunk's first position (host copy of *dpos). 0, -1 on error, or 1 when
+ * not available in this build (no BLAS): use gk_mla_attn then. */
+int gk_mla_attn_gemm(const float *qt, const float *latent, const int *dense, const int *npools, const int *tail,
+                     const int *pools, int T, const int *dpos, int pos0, int H, int kl, int P, int K, float scale, float *ob);
 
 /* ---- MoE ---- */
 int gk_moe_route(const float *logits, const float *bias, int T, int E, int k, int G, int topk_group, int norm,
