@@ -9,11 +9,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=$(nproc)
+GPU_TESTS=$(for f in tests/gpu/test_*.c; do basename "$f" .c; done)
+GPU_BENCH=$(for f in bench/gpu/*.c; do basename "$f" .c; done)
 NVCC=$(command -v nvcc || true)
 [ -z "$NVCC" ] && [ -x /usr/local/cuda/bin/nvcc ] && NVCC=/usr/local/cuda/bin/nvcc
 if [ -n "$NVCC" ]; then
   cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DGLM53_CUDA=ON -DCMAKE_CUDA_COMPILER="$NVCC" >/dev/null
-  cmake --build build-cuda -j"$JOBS" --target glm53 test_gpu_kernels test_gpu_forward test_gpu_expert_cache test_gpu_golden test_backend_select gpu_decode
+  cmake --build build-cuda -j"$JOBS" --target glm53 test_backend_select $GPU_TESTS $GPU_BENCH
   ctest --test-dir build-cuda --output-on-failure -R '^(test_gpu_|test_backend_select)' --timeout 300
 elif [ "${CI:-}" = true ]; then
   echo "cuda build: nvcc not found" >&2; exit 1
@@ -27,7 +29,7 @@ if ! command -v hipcc >/dev/null 2>&1 && [ "${CI:-}" = true ]; then
 fi
 if command -v hipcc >/dev/null 2>&1; then
   cmake -S . -B build-hip -DCMAKE_BUILD_TYPE=Release -DGLM53_HIP=ON >/dev/null
-  cmake --build build-hip -j"$JOBS" --target glm53 test_gpu_kernels test_gpu_forward test_gpu_expert_cache test_gpu_golden
+  cmake --build build-hip -j"$JOBS" --target glm53 $GPU_TESTS $GPU_BENCH
   echo "hip build: compiled and linked (not run: no AMD GPU)"
 else
   echo "hip build: skipped (hipcc not found; apt-get install hipcc)"
