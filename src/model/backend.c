@@ -113,6 +113,7 @@ int glm53_session_fallback_cpu(glm53_session *s) {
   if (s->backend != &cpu_backend && s->backend->session_free) s->backend->session_free(s);
   s->backend = &cpu_backend;
   s->backend_state = NULL;
+  session_cpu_state_alloc(s);
   glm53_session_reset(s); /* clears the CPU state and pos; history is kept */
   const int chunk = 256;
   for (int i = 0; i < n; i += chunk) {

@@ -118,6 +118,30 @@ void glm53_model_free(glm53_model *m) {
 int glm53_model_vocab_size(const glm53_model *m) { return m->cfg.vocab_size; }
 const char *glm53_model_dir(const glm53_model *m) { return m->dir; }
 
+/* The cpu backend's per-session caches (session.h). A session on another
+ * backend gets them only when it falls back to the cpu
+ * (glm53_session_fallback_cpu), so GPU sessions hold no host copies. */
+void session_cpu_state_alloc(glm53_session *s) {
+  const glm53_config *c = &s->m->cfg;
+  const int max_ctx = s->max_ctx;
+  size_t inner = (size_t)c->linear_num_heads * c->linear_head_dim, hd = c->index_head_dim;
+  for (int l = 0; l < c->num_hidden_layers; l++) {
+    if (c->layer_types[l] == ATTN_KDA) {
+      if (s->kda[l].S) continue;
+      s->kda[l].conv = xcalloc((size_t)(c->linear_conv_kernel_dim - 1) * 3 * inner + 1, sizeof(float));
+      s->kda[l].S = xcalloc(inner * c->linear_head_dim, sizeof(float));
+    } else {
+      if (s->mla[l].latent) continue;
+      s->mla[l].latent = xcalloc((size_t)max_ctx * c->kv_lora_rank, sizeof(float));
+      if (c->indexer_types[l] == INDEX_FULL) {
+        s->mla[l].ik = xcalloc((size_t)max_ctx * hd, sizeof(float));
+        s->mla[l].is = xcalloc((size_t)max_ctx * hd, sizeof(float));
+        s->mla[l].pool = xcalloc((size_t)(max_ctx / c->index_kpool + 1) * hd, sizeof(float));
+      }
+    }
+  }
+}
+
 glm53_session *glm53_session_new(glm53_model *m, int max_ctx) {
   const glm53_config *c = &m->cfg;
   if (max_ctx <= 0) { glm53_err("session: context length must be positive"); return NULL; }
@@ -129,20 +153,7 @@ glm53_session *glm53_session_new(glm53_model *m, int max_ctx) {
   s->mla = xcalloc((size_t)L, sizeof(mla_state));
   s->history = xcalloc((size_t)max_ctx, sizeof(int32_t));
   s->backend = m->backend;
-  size_t inner = (size_t)c->linear_num_heads * c->linear_head_dim, hd = c->index_head_dim;
-  for (int l = 0; l < L; l++) {
-    if (c->layer_types[l] == ATTN_KDA) {
-      s->kda[l].conv = xcalloc((size_t)(c->linear_conv_kernel_dim - 1) * 3 * inner + 1, sizeof(float));
-      s->kda[l].S = xcalloc(inner * c->linear_head_dim, sizeof(float));
-    } else {
-      s->mla[l].latent = xcalloc((size_t)max_ctx * c->kv_lora_rank, sizeof(float));
-      if (c->indexer_types[l] == INDEX_FULL) {
-        s->mla[l].ik = xcalloc((size_t)max_ctx * hd, sizeof(float));
-        s->mla[l].is = xcalloc((size_t)max_ctx * hd, sizeof(float));
-        s->mla[l].pool = xcalloc((size_t)(max_ctx / c->index_kpool + 1) * hd, sizeof(float));
-      }
-    }
-  }
+  if (s->backend == glm53_cpu_backend()) session_cpu_state_alloc(s);
   if (s->backend->session_init && s->backend->session_init(s)) {
     s->backend = glm53_cpu_backend(); /* nothing backend-side to free */
     glm53_session_free(s);

@@ -30,4 +30,8 @@ struct glm53_session {
   mla_state *mla;
 };
 
+/* Allocates the cpu backend's caches (kda/mla above) where missing:
+ * at session creation on the cpu backend, and by glm53_session_fallback_cpu. */
+void session_cpu_state_alloc(glm53_session *s);
+
 #endif

@@ -11,7 +11,7 @@ B=${BUILD:-build-gpu}
 C=${CARRY:-.devcarry}
 NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 cmake -S . -B "$B" -DGLM53_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$NVCC" >/dev/null
-T=${TARGETS:-"glm53 test_gpu_kernels test_gpu_forward test_gpu_expert_cache test_gpu_golden test_backend_select gpu_decode"}
+T=${TARGETS:-"glm53 test_backend_select $(for f in tests/gpu/test_*.c bench/gpu/*.c; do basename "$f" .c; done)"}
 cmake --build "$B" -j2 --target $T
 case "$C" in /*) ;; *) # a relative carry folder is git-ignored (worktrees share the common exclude)
   X="$(git rev-parse --git-common-dir)/info/exclude"

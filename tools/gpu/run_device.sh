@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# On the GPU machine (repo root, .devcarry carried; see tools/gpu/pack.sh):
-# device facts, the GPU tests (decode graphs on, then off), the expert-cache
-# test, selection/fallback with a device present, the CLI cross-checks
-# (quality --compare-backends, greedy run on gpu vs cpu) and the benchmark
-# (bf16, q4, streamed experts). Everything goes to stdout (tee it into
-# $OUT/log.txt); a summary of the key lines comes last. A deadline
-# (DEADLINE seconds after start, default 225) bounds every step, so the
-# summary is printed even when a step runs long.
+# On the GPU machine (repo root, $CARRY carried; see tools/gpu/pack.sh).
+# Usage: run_device.sh [tests|bench|all]
+#  tests: device facts, every packed GPU test (test_*; test_gpu_forward with
+#         decode graphs on and off), compute-sanitizer memcheck of the
+#         kernel, forward and batch tests, selection/fallback with a device
+#         present, the CLI cross-checks (quality --compare-backends, greedy
+#         run on gpu vs cpu vs streamed experts);
+#  bench: the GEMV microbenchmark, the full-dimension model (45 layers bf16
+#         and Q4, the 6-layer streamed-expert sweep) and batch scaling.
+# Everything goes to stdout (tee it into $OUT/log.txt). A deadline
+# (DEADLINE seconds after start, default 540) bounds every step.
 set -u
-DEADLINE=${DEADLINE:-225}
+DEADLINE=${DEADLINE:-540}
+PART=${1:-all}
 . tools/gpu/device_env.sh || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
 date -u
@@ -22,24 +26,36 @@ step() { # name timeout cmd... (env assignments via env)
   timeout "$to" "$@" 2>&1
   echo "== $name: rc=$? in $((SECONDS - t0))s"
 }
-step test_gpu_kernels 40 env "$D/test_gpu_kernels"
-step test_gpu_expert_cache 60 env "$D/test_gpu_expert_cache"
-step test_gpu_forward.graph 60 env GLM53_GPU_GRAPH=1 "$D/test_gpu_forward"
-step test_backend_select 20 env "$D/test_backend_select"
-step test_gpu_golden 60 env "$D/test_gpu_golden"
-if "$D/glm53" quality --help 2>&1 | grep -q -- --compare-backends; then
-  step quality_compare 50 env "$D/glm53" quality --model models/tiny --text tests/data/tiny/heldout.txt --compare-backends --max-tokens 2048
-else
-  echo "== quality --compare-backends: not in this build"
+have() { [ -x "$D/$1" ]; }
+SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+if [ "$PART" != bench ]; then
+  for t in "$D"/test_*; do
+    n=$(basename "$t")
+    case $n in
+    test_gpu_forward) step "$n.graph" 60 env GLM53_GPU_GRAPH=1 "$t"; step "$n.nograph" 60 env GLM53_GPU_GRAPH=0 "$t" ;;
+    *) step "$n" 90 env "$t" ;;
+    esac
+  done
+  if [ -n "$SAN" ]; then
+    for n in test_gpu_kernels test_gpu_forward test_gpu_batch; do
+      have $n && step "memcheck.$n" 120 "$SAN" --tool memcheck --error-exitcode 9 "$D/$n"
+    done
+  fi
+  step quality_compare 60 env "$D/glm53" quality --model models/tiny --text tests/data/tiny/heldout.txt --compare-backends --max-tokens 2048
+  P='The Python interpreter is'
+  step run_gpu 20 sh -c "'$D/glm53' run --model models/tiny --backend gpu -p '$P' --max-tokens 64 --temperature 0 >/tmp/run_gpu.txt"
+  step run_cpu 20 sh -c "'$D/glm53' run --model models/tiny --backend cpu -p '$P' --max-tokens 64 --temperature 0 >/tmp/run_cpu.txt"
+  step run_gpu_streamed 20 sh -c "'$D/glm53' run --model models/tiny --backend gpu --gpu-expert-gb 0 -p '$P' --max-tokens 64 --temperature 0 >/tmp/run_gpu_s.txt"
+  echo "--- gpu text:"; cat /tmp/run_gpu.txt 2>/dev/null; echo
+  for o in cpu gpu_s; do
+    if cmp -s /tmp/run_gpu.txt /tmp/run_$o.txt && [ -s /tmp/run_gpu.txt ]; then echo "greedy run gpu vs $o: IDENTICAL"; else echo "greedy run gpu vs $o: DIFFERENT"; fi
+  done
 fi
-step run_gpu 20 sh -c "'$D/glm53' run --model models/tiny --backend gpu -p 'The Python interpreter is' --max-tokens 64 --temperature 0 >/tmp/run_gpu.txt"
-step run_cpu 20 sh -c "'$D/glm53' run --model models/tiny --backend cpu -p 'The Python interpreter is' --max-tokens 64 --temperature 0 >/tmp/run_cpu.txt"
-echo "--- gpu text:"; cat /tmp/run_gpu.txt 2>/dev/null; echo; echo "--- cpu text:"; cat /tmp/run_cpu.txt 2>/dev/null; echo
-if cmp -s /tmp/run_gpu.txt /tmp/run_cpu.txt && [ -s /tmp/run_gpu.txt ]; then echo "greedy run gpu vs cpu: IDENTICAL"; else echo "greedy run gpu vs cpu: DIFFERENT"; fi
-step run_gpu_streamed 20 sh -c "'$D/glm53' run --model models/tiny --backend gpu --gpu-expert-gb 0 -p 'The Python interpreter is' --max-tokens 64 --temperature 0 >/tmp/run_gpu_s.txt"
-if cmp -s /tmp/run_gpu.txt /tmp/run_gpu_s.txt && [ -s /tmp/run_gpu_s.txt ]; then echo "greedy run gpu streamed vs resident: IDENTICAL"; else echo "greedy run gpu streamed vs resident: DIFFERENT"; fi
-step gpu_decode.bf16 70 env "$D/gpu_decode" 32 32 bf16
-step gpu_decode.stream 50 env "$D/gpu_decode" 32 12 stream
-step gpu_decode.q4 40 env "$D/gpu_decode" 128 32 q4
-step test_gpu_forward.nograph 40 env GLM53_GPU_GRAPH=0 "$D/test_gpu_forward"
+if [ "$PART" != tests ]; then
+  have gpu_gemv && step gpu_gemv 90 env "$D/gpu_gemv"
+  step gpu_decode.bf16 150 env "$D/gpu_decode" 32 16 bf16 45
+  step gpu_decode.q4 80 env "$D/gpu_decode" 64 16 q4 45
+  step gpu_decode.stream 60 env "$D/gpu_decode" 32 12 stream
+  have gpu_batch && step gpu_batch 150 env "$D/gpu_batch"
+fi
 echo "== total ${SECONDS}s"
