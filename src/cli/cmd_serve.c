@@ -157,8 +157,9 @@ int cmd_serve(int argc, char **argv) {
     glm53_model_free(m);
     return 1;
   }
-  fprintf(stderr, "glm53 serve: listening on http://%s:%d (backend %s, ctx %d, parallel %d, queue %d%s)\n", o.host,
-          srv_port(S), glm53_model_backend(m), o.ctx, o.parallel, o.queue, o.api_key ? ", api key required" : "");
+  fprintf(stderr,
+          "glm53 serve: listening on http://%s:%d (backend %s, ctx %d, parallel %d = max decode batch, queue %d%s)\n",
+          o.host, srv_port(S), glm53_model_backend(m), o.ctx, o.parallel, o.queue, o.api_key ? ", api key required" : "");
   int sig = 0;
   sigwait(&set, &sig);
   fprintf(stderr, "glm53 serve: %s received, finishing in-flight requests (up to %d s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",

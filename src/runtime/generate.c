@@ -177,13 +177,13 @@ static int finish(gen_state *g, int why) {
   return 0;
 }
 
-/* Samples from g->logits, reports the token, decides whether to go on. */
-static int sample_step(gen_state *g) {
+/* Samples from logits, reports the token, decides whether to go on. */
+static int sample_step(gen_state *g, float *logits) {
   const gen_params *p = g->p;
   token_logprob top[SAMPLER_MAX_LOGPROBS];
   const int n_top = p->sp.n_logprobs;
   float lp = 0;
-  int32_t t = sampler_sample(g->smp, g->logits, n_top > 0 ? top : NULL, &lp);
+  int32_t t = sampler_sample(g->smp, logits, n_top > 0 ? top : NULL, &lp);
   if (t < 0) return -1;
   g->res.n_generated++;
   g->res.last_token = t;
@@ -217,28 +217,45 @@ static int sample_step(gen_state *g) {
   return finish(g, why);
 }
 
-int gen_step(gen_state *g) {
+int gen_next_input(gen_state *g, gen_input *in) {
+  const gen_params *p = g->p;
+  *in = (gen_input){0};
+  if (g->state == ST_DONE) return 0;
+  if (g->state == ST_DECODE) {
+    *in = (gen_input){.tokens = &g->res.last_token, .n = 1, .decode = 1, .want_logits = 1};
+    return 1;
+  }
+  /* decode steps check p->cancel right after sampling (sample_step) */
+  if (p->cancel && *p->cancel) return finish(g, GEN_CANCELLED);
+  const int chunk = p->prefill_chunk > 0 ? p->prefill_chunk : 256;
+  const int i = g->res.n_prompt_fed, len = g->n_prompt - i < chunk ? g->n_prompt - i : chunk;
+  if (i == 0 && g->t0 == 0) g->t0 = now_sec();
+  *in = (gen_input){.tokens = g->prompt + i, .n = len, .decode = 0, .want_logits = i + len == g->n_prompt};
+  return 1;
+}
+
+int gen_advance(gen_state *g, float *logits) {
   const gen_params *p = g->p;
   if (g->state == ST_DONE) return 0;
-  /* decode steps check p->cancel right after sampling (sample_step) */
-  if (g->state == ST_PREFILL && p->cancel && *p->cancel) return finish(g, GEN_CANCELLED);
-  if (g->state == ST_PREFILL) {
-    const int chunk = p->prefill_chunk > 0 ? p->prefill_chunk : 256;
-    const int i = g->res.n_prompt_fed, len = g->n_prompt - i < chunk ? g->n_prompt - i : chunk;
-    const int last = i + len == g->n_prompt;
-    if (i == 0) g->t0 = now_sec();
-    if (forward(g, g->prompt + i, len, last ? g->logits : NULL)) return -1;
-    g->res.n_prompt_fed = i + len;
-    if (!last) return 1;
-    if (p->penalize_prompt)
-      for (int k = 0; k < g->n_prompt; k++) sampler_accept(g->smp, g->prompt[k]);
-    g->t1 = now_sec();
-    g->res.prefill_s = g->t1 - g->t0;
-    g->state = ST_DECODE;
-    return sample_step(g);
-  }
-  if (forward(g, &g->res.last_token, 1, g->logits)) return -1;
-  return sample_step(g);
+  if (g->state == ST_DECODE) return sample_step(g, logits);
+  const int chunk = p->prefill_chunk > 0 ? p->prefill_chunk : 256;
+  const int i = g->res.n_prompt_fed, len = g->n_prompt - i < chunk ? g->n_prompt - i : chunk;
+  g->res.n_prompt_fed = i + len;
+  if (g->res.n_prompt_fed < g->n_prompt) return 1;
+  if (p->penalize_prompt)
+    for (int k = 0; k < g->n_prompt; k++) sampler_accept(g->smp, g->prompt[k]);
+  g->t1 = now_sec();
+  g->res.prefill_s = g->t1 - g->t0;
+  g->state = ST_DECODE;
+  return sample_step(g, logits);
+}
+
+int gen_step(gen_state *g) {
+  gen_input in;
+  if (gen_next_input(g, &in) <= 0) return 0;
+  float *logits = in.want_logits ? g->logits : NULL;
+  if (forward(g, in.tokens, in.n, logits)) return -1;
+  return gen_advance(g, logits);
 }
 
 const gen_result *gen_result_of(const gen_state *g) { return &g->res; }

@@ -103,6 +103,31 @@ typedef struct gen_state gen_state;
 gen_state *gen_begin(glm53_session *s, const glm53_tokenizer *tok, const int32_t *prompt, int n_prompt,
                      const gen_params *p, gen_on_token cb, void *user);
 int gen_step(gen_state *g);
+
+/* gen_step split in two, for schedulers that run the forward themselves
+ * (e.g. one glm53_forward_batch over the decode steps of many sessions):
+ *   rc = gen_next_input(g, &in)   1: feed in.tokens[0 .. in.n) into the
+ *                                 session, then call gen_advance; 0: finished
+ *                                 without a forward (done already, or
+ *                                 p->cancel set before a prefill chunk)
+ *   the caller's forward          in.n tokens after the session's position;
+ *                                 when in.want_logits, the last row's
+ *                                 vocab-size logits into a buffer of its own
+ *   rc = gen_advance(g, logits)   as gen_step returns: > 0 goes on, 0
+ *                                 finished, < 0 error (glm53_err)
+ * gen_step(g) is exactly gen_next_input + p->forward (or glm53_forward) +
+ * gen_advance. gen_next_input does not change what it returns until
+ * gen_advance is called, so a failed forward can be retried (or the request
+ * dropped). gen_advance samples from logits and may modify them (scratch);
+ * logits may be NULL when !in.want_logits. */
+typedef struct {
+  const int32_t *tokens; /* points into the prompt or the state (valid until gen_advance) */
+  int n;                 /* 1 for a decode step; <= prefill_chunk for a prefill chunk */
+  int decode;            /* 1: the last sampled token (one token, batchable); 0: a prompt chunk */
+  int want_logits;       /* 0: a non-final prompt chunk (no logits needed) */
+} gen_input;
+int gen_next_input(gen_state *g, gen_input *in);
+int gen_advance(gen_state *g, float *logits);
 const gen_result *gen_result_of(const gen_state *g);
 void gen_end(gen_state *g);
 

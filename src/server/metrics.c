@@ -54,6 +54,39 @@ void met_observe(metrics *m, met_hist *h, double s) {
   pthread_mutex_unlock(&m->mu);
 }
 
+void met_batch_step(metrics *m, int n) {
+  int b = 0;
+  while (b < MET_BATCH_NB - 1 && n > (1 << b)) b++;
+  pthread_mutex_lock(&m->mu);
+  m->batch_steps++;
+  m->batch_tokens += n;
+  m->batch_size_count[b]++;
+  if (n > m->batch_peak) m->batch_peak = n;
+  pthread_mutex_unlock(&m->mu);
+}
+
+void met_batch_round(metrics *m, int rows) {
+  pthread_mutex_lock(&m->mu);
+  m->batch_current = rows;
+  pthread_mutex_unlock(&m->mu);
+}
+
+static void batch_hist(sbuf *b, const metrics *m) {
+  char line[256];
+  sbuf_adds(b, "# HELP glm53_decode_batch_size Requests decoded together in one forward step.\n"
+               "# TYPE glm53_decode_batch_size histogram\n");
+  long cum = 0;
+  for (int i = 0; i < MET_BATCH_NB; i++) {
+    cum += m->batch_size_count[i];
+    if (i < MET_BATCH_NB - 1) snprintf(line, sizeof line, "glm53_decode_batch_size_bucket{le=\"%d\"} %ld\n", 1 << i, cum);
+    else snprintf(line, sizeof line, "glm53_decode_batch_size_bucket{le=\"+Inf\"} %ld\n", cum);
+    sbuf_adds(b, line);
+  }
+  snprintf(line, sizeof line, "glm53_decode_batch_size_sum %ld\nglm53_decode_batch_size_count %ld\n", m->batch_tokens,
+           m->batch_steps);
+  sbuf_adds(b, line);
+}
+
 static void hist(sbuf *b, const char *name, const char *help, const met_hist *h) {
   char line[256];
   snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
@@ -94,11 +127,25 @@ char *met_render(metrics *m, const met_gauges *g) {
   scalar(&b, "glm53_requests_rejected_total", "counter", "Requests refused because the queue was full.", (double)m->rejected);
   hist(&b, "glm53_time_to_first_token_seconds", "Arrival to first generated token.", &m->ttft);
   hist(&b, "glm53_request_duration_seconds", "Arrival to last generated token.", &m->total);
+  scalar(&b, "glm53_decode_batch_steps_total", "counter", "Decode forward steps (one token for each request in the step).",
+         (double)m->batch_steps);
+  scalar(&b, "glm53_decode_batch_tokens_total", "counter", "Tokens decoded by those steps (sum of their batch sizes).",
+         (double)m->batch_tokens);
+  batch_hist(&b, m);
+  scalar(&b, "glm53_decode_batch_size_current", "gauge", "Requests decoded in the last scheduler round.", m->batch_current);
+  scalar(&b, "glm53_decode_batch_size_avg", "gauge", "decode_batch_tokens_total / decode_batch_steps_total.",
+         m->batch_steps > 0 ? (double)m->batch_tokens / (double)m->batch_steps : 0.0);
+  scalar(&b, "glm53_decode_batch_size_peak", "gauge", "Largest decode batch so far.", m->batch_peak);
+  scalar(&b, "glm53_decode_batch_failures_total", "counter", "Decode batch steps that failed (see the scheduler docs for how their rows go on).",
+         (double)m->batch_failures);
+  scalar(&b, "glm53_decode_batch_rows_retried_total", "counter", "Rows of failed batches stepped again one by one.",
+         (double)m->batch_retried);
   pthread_mutex_unlock(&m->mu);
   scalar(&b, "glm53_queue_depth", "gauge", "Requests waiting for a slot.", g->queue_depth);
   scalar(&b, "glm53_queue_capacity", "gauge", "Most requests that may wait.", g->queue_cap);
   scalar(&b, "glm53_active_sessions", "gauge", "Requests being generated.", g->active);
   scalar(&b, "glm53_parallel_sessions", "gauge", "Most requests generated at once.", g->parallel);
+  scalar(&b, "glm53_decode_batch_max_size", "gauge", "Most requests decoded in one step (= parallel sessions).", g->parallel);
   scalar(&b, "glm53_cache_tokens", "gauge", "Tokens held in the caches of active sessions.", (double)g->cache_tokens);
   scalar(&b, "glm53_cache_capacity_tokens", "gauge", "Tokens the active-session slots can hold.", (double)g->cache_capacity);
   scalar(&b, "glm53_cache_usage_ratio", "gauge", "cache_tokens / cache_capacity_tokens.",

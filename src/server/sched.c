@@ -1,35 +1,44 @@
 /* The scheduler thread: owns the model; admits queued requests up to
- * `parallel` active sessions and, each round, advances every active request
- * by one prefill chunk or one decode token (round-robin interleaving at token
- * granularity). The step function is per request, so a batched forward over
- * all active sessions can later replace the loop in sched_round without
- * changing the request life cycle.
- *
+ * `parallel` active sessions and runs rounds. In each round every active
+ * request advances by one step:
+ *   - all requests in their decode phase step together: one
+ *     glm53_forward_batch per backend (sessions moved to the cpu backend by
+ *     --on-gpu-error=cpu form their own group; a group of one is a plain
+ *     glm53_forward), then each samples / stops / emits from its logits row;
+ *   - every request still in its prompt steps one prefill chunk of up to
+ *     --prefill-chunk tokens (its own glm53_forward), so a long prompt delays
+ *     the decoders by one chunk per round, never by its whole length.
  * Each request runs the shared generation loop (runtime/generate.h) in its
- * step-wise form: gen_step does one prefill chunk or one decode token. */
+ * split step-wise form: gen_next_input says what to feed, the scheduler runs
+ * the forward, gen_advance consumes the logits row.
+ *
+ * Failures: a request is charged with a backend error only for a forward
+ * that stepped it alone. When a batch fails, the rows whose position advanced
+ * go on normally. On the cpu backend the batch is a loop of single forwards
+ * that stops at the failing row, so the first row that did not advance is
+ * the one whose forward failed: it gets its --on-gpu-error policy; the rows
+ * after it were never tried and are stepped one by one. On a backend that
+ * batches for real the failed step belongs to no single row: it is logged
+ * and counted once, and every row that did not advance is stepped again
+ * alone (glm53_forward), each failure handled by that request's policy. */
 #include "server/srv_internal.h"
 #include "core/err.h"
 #include "core/log.h"
+#include "core/util.h"
 #include "model/config.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-/* gen_params.forward hook: one forward with the --on-gpu-error policy and
- * cache accounting. 0, or -1 with the reason in glm53_err. */
-static int fwd(void *user, glm53_session *s, const int32_t *toks, int n, float *logits) {
-  job *j = user;
+/* A forward of j alone failed with reason why: count and log it, then apply
+ * the --on-gpu-error policy (fail, or rebuild the session on the CPU and
+ * retry there once). 0 when the retry succeeded, else -1 + glm53_err. */
+static int fwd_failed(job *j, glm53_session *s, const int32_t *toks, int n, float *logits, const char *why) {
   srv *S = j->srv;
-  if (glm53_forward(s, toks, n, logits, 0) == 0) {
-    atomic_fetch_add(&S->cache_tokens, n);
-    return 0;
-  }
-  char err[512];
-  snprintf(err, sizeof err, "%s", glm53_last_error());
   met_inc(&S->met, &S->met.backend_errors);
-  LOG_WARN("request %s: backend error on %s: %s", j->id, glm53_session_backend(s), err);
-  if (!S->o.on_gpu_error_cpu || j->fell_back) return glm53_err("%s", err);
+  LOG_WARN("request %s: backend error on %s: %s", j->id, glm53_session_backend(s), why);
+  if (!S->o.on_gpu_error_cpu || j->fell_back) return glm53_err("%s", why);
   j->fell_back = 1;
   if (glm53_session_fallback_cpu(s) != 0) {
     glm53_err_ctx("CPU fallback failed");
@@ -45,6 +54,18 @@ static int fwd(void *user, glm53_session *s, const int32_t *toks, int n, float *
   glm53_err_ctx("after CPU fallback");
   LOG_ERROR("request %s: %s", j->id, glm53_last_error());
   return -1;
+}
+
+/* One forward of j alone, with the --on-gpu-error policy and cache
+ * accounting. 0, or -1 with the reason in glm53_err. */
+static int fwd(job *j, const int32_t *toks, int n, float *logits) {
+  if (glm53_forward(j->s, toks, n, logits, 0) == 0) {
+    atomic_fetch_add(&j->srv->cache_tokens, n);
+    return 0;
+  }
+  char why[512];
+  snprintf(why, sizeof why, "%s", glm53_last_error());
+  return fwd_failed(j, j->s, toks, n, logits, why);
 }
 
 /* gen_on_token callback: stream the text, note the time to first token. */
@@ -63,8 +84,6 @@ static int job_init(srv *S, job *j, char *err, size_t cap) {
   j->gp.stop = j->n_stop ? (const char *const *)j->stop : NULL;
   j->gp.n_stop = j->n_stop;
   j->gp.prefill_chunk = S->o.prefill_chunk > 0 ? S->o.prefill_chunk : 64;
-  j->gp.forward = fwd;
-  j->gp.forward_user = j;
   j->s = glm53_session_new(S->m, S->o.ctx);
   if (j->s) j->g = gen_begin(j->s, S->tok, j->prompt, j->n_prompt, &j->gp, on_token, j);
   if (!j->g) {
@@ -82,20 +101,39 @@ static void job_cleanup(job *j) {
   j->s = NULL;
 }
 
-/* Advances j by one prefill chunk or one decode token. Returns NULL while it
- * goes on, else the finish reason ("stop", "length", "error"). */
-static const char *job_step(srv *S, job *j, char *err, size_t cap) {
-  if (!j->g && job_init(S, j, err, cap)) return "error";
-  int rc = gen_step(j->g);
+static void job_note(job *j) {
   const gen_result *r = gen_result_of(j->g);
   j->fed = r->n_prompt_fed;
   j->n_gen = r->n_generated;
-  if (rc > 0) return NULL;
+}
+
+static void job_set_finish(job *j) {
+  const int f = gen_result_of(j->g)->finish;
+  j->fin = f == GEN_LENGTH ? "length" : f == GEN_CANCELLED ? "cancelled" : "stop";
+}
+
+/* j's forward of this round succeeded (rc 0; logits holds its row when
+ * in.want_logits) or failed (rc < 0, reason in glm53_err): sample / stop /
+ * emit, and set j->fin when it ends. */
+static void job_advance(job *j, int rc, float *logits) {
   if (rc < 0) {
-    snprintf(err, cap, "%s", glm53_last_error());
-    return "error";
+    snprintf(j->err, sizeof j->err, "%s", glm53_last_error());
+    j->fin = "error";
+    return;
   }
-  return r->finish == GEN_LENGTH ? "length" : r->finish == GEN_CANCELLED ? "cancelled" : "stop";
+  if (atomic_load(&j->cancelled)) { /* client gone during the step: free the slot now */
+    j->fin = "cancelled";
+    return;
+  }
+  rc = gen_advance(j->g, logits);
+  job_note(j);
+  if (rc > 0) return;
+  if (rc < 0) {
+    snprintf(j->err, sizeof j->err, "%s", glm53_last_error());
+    j->fin = "error";
+    return;
+  }
+  job_set_finish(j);
 }
 
 static void job_end(srv *S, job *j, const char *finish, const char *err) {
@@ -111,9 +149,139 @@ static void job_end(srv *S, job *j, const char *finish, const char *err) {
   job_cleanup(j);
 }
 
+/* Scheduler-thread scratch, sized for `parallel` rows. */
+typedef struct {
+  job **dec, **rest;
+  glm53_session **ss;
+  int32_t *toks;
+  int *pos0;
+  float *logits; /* rows x vocab, grown on demand */
+  int rows, vocab;
+} scratch;
+
+static float *logit_rows(scratch *x, int n) {
+  if (n > x->rows) {
+    free(x->logits);
+    x->logits = xmalloc((size_t)n * (size_t)x->vocab * sizeof(float));
+    x->rows = n;
+  }
+  return x->logits;
+}
+
+/* One decode token for each of the n requests in J, all on the backend
+ * named backend: one glm53_forward_batch (glm53_forward when n == 1). */
+static void decode_group(srv *S, scratch *x, job **J, int n, const char *backend) {
+  float *L = logit_rows(x, n);
+  const size_t V = (size_t)x->vocab;
+  met_batch_step(&S->met, n);
+  if (n == 1) {
+    job_advance(J[0], fwd(J[0], J[0]->in.tokens, 1, L), L);
+    return;
+  }
+  for (int i = 0; i < n; i++) {
+    x->ss[i] = J[i]->s;
+    x->toks[i] = J[i]->in.tokens[0];
+    x->pos0[i] = glm53_session_pos(J[i]->s);
+  }
+  if (glm53_forward_batch(x->ss, x->toks, n, L) == 0) {
+    atomic_fetch_add(&S->cache_tokens, n);
+    for (int i = 0; i < n; i++) job_advance(J[i], 0, L + (size_t)i * V);
+    return;
+  }
+  char why[512];
+  snprintf(why, sizeof why, "%s", glm53_last_error());
+  met_inc(&S->met, &S->met.batch_failures);
+  /* the cpu backend loops over the rows and stops at the failing one (glm53.h) */
+  const int loops = !strcmp(backend, "cpu");
+  int n_adv = 0;
+  for (int i = 0; i < n; i++) n_adv += glm53_session_pos(x->ss[i]) > x->pos0[i];
+  atomic_fetch_add(&S->cache_tokens, n_adv);
+  if (!loops) {
+    met_inc(&S->met, &S->met.backend_errors);
+    LOG_WARN("decode batch of %d on %s failed: %s; %d rows went through, stepping the other %d one by one", n, backend,
+             why, n_adv, n - n_adv);
+  }
+  int first = 1;
+  for (int i = 0; i < n; i++) {
+    float *row = L + (size_t)i * V;
+    int rc = 0;
+    if (glm53_session_pos(x->ss[i]) == x->pos0[i]) { /* not stepped */
+      if (loops && first) {
+        rc = fwd_failed(J[i], x->ss[i], &x->toks[i], 1, row, why);
+      } else {
+        met_inc(&S->met, &S->met.batch_retried);
+        rc = fwd(J[i], &x->toks[i], 1, row);
+      }
+      first = 0;
+    }
+    job_advance(J[i], rc, row);
+  }
+}
+
+/* The decode steps of this round: the nd requests in x->dec, grouped by
+ * the backend their session runs on (stable order within a group). */
+static void decode_all(srv *S, scratch *x, int nd) {
+  int start = 0;
+  while (start < nd) {
+    const char *b = glm53_session_backend(x->dec[start]->s);
+    int k = start, nr = 0;
+    for (int i = start; i < nd; i++) {
+      if (!strcmp(glm53_session_backend(x->dec[i]->s), b)) x->dec[k++] = x->dec[i];
+      else x->rest[nr++] = x->dec[i];
+    }
+    memcpy(x->dec + k, x->rest, (size_t)nr * sizeof *x->rest);
+    decode_group(S, x, x->dec + start, k - start, b);
+    start = k;
+  }
+}
+
+/* One round over the active list (scheduler thread, no lock held). Jobs
+ * that end are finished (answered) and moved to *done. */
+static void sched_round(srv *S, scratch *x, int quit, job **done) {
+  int nd = 0;
+  for (job *j = S->active; j; j = j->next) {
+    j->fin = NULL;
+    j->err[0] = 0;
+    if (quit || atomic_load(&j->cancelled)) {
+      j->fin = "cancelled";
+    } else if (!j->g && job_init(S, j, j->err, sizeof j->err)) {
+      j->fin = "error";
+    } else if (gen_next_input(j->g, &j->in) == 0) { /* cancelled before a prefill chunk */
+      job_note(j);
+      job_set_finish(j);
+    } else if (j->in.decode) {
+      x->dec[nd++] = j;
+    }
+  }
+  /* decoders first: their tokens go out before this round's prompt chunks */
+  decode_all(S, x, nd);
+  met_batch_round(&S->met, nd);
+  for (job *j = S->active; j; j = j->next) {
+    if (j->fin || j->in.decode) continue;
+    float *L = j->in.want_logits ? logit_rows(x, 1) : NULL;
+    job_advance(j, fwd(j, j->in.tokens, j->in.n, L), L);
+  }
+  job **pp = &S->active;
+  while (*pp) {
+    job *j = *pp;
+    if (j->fin) {
+      job_end(S, j, j->fin, j->err);
+      *pp = j->next; /* only this thread edits the active list */
+      j->next = *done;
+      *done = j;
+    } else {
+      pp = &j->next;
+    }
+  }
+  if (!S->active) met_batch_round(&S->met, 0); /* idle: no current batch */
+}
+
 static void *sched_main(void *arg) {
   srv *S = arg;
-  char err[512];
+  const int P = S->o.parallel;
+  scratch x = {.dec = xcalloc((size_t)P, sizeof(job *)), .rest = xcalloc((size_t)P, sizeof(job *)),
+               .ss = xcalloc((size_t)P, sizeof(glm53_session *)), .toks = xcalloc((size_t)P, sizeof(int32_t)),
+               .pos0 = xcalloc((size_t)P, sizeof(int)), .vocab = glm53_model_vocab_size(S->m)};
   pthread_mutex_lock(&S->mu);
   for (;;) {
     /* admit */
@@ -133,23 +301,8 @@ static void *sched_main(void *arg) {
     }
     int quit = S->quit;
     pthread_mutex_unlock(&S->mu);
-    /* one round: every active request advances by one step */
-    job *done = NULL, **pp = &S->active;
-    while (*pp) {
-      job *j = *pp;
-      const char *fin = NULL;
-      err[0] = 0;
-      if (quit || atomic_load(&j->cancelled)) fin = "cancelled";
-      else fin = job_step(S, j, err, sizeof err);
-      if (fin) {
-        job_end(S, j, fin, err);
-        *pp = j->next; /* only this thread edits the active list */
-        j->next = done;
-        done = j;
-      } else {
-        pp = &j->next;
-      }
-    }
+    job *done = NULL;
+    sched_round(S, &x, quit, &done);
     pthread_mutex_lock(&S->mu);
     while (done) {
       job *j = done;
@@ -170,6 +323,12 @@ static void *sched_main(void *arg) {
   }
   S->queue_tail = NULL;
   pthread_mutex_unlock(&S->mu);
+  free(x.dec);
+  free(x.rest);
+  free(x.ss);
+  free(x.toks);
+  free(x.pos0);
+  free(x.logits);
   return NULL;
 }
 

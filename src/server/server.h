@@ -1,8 +1,9 @@
 /* `glm53 serve`: an OpenAI-compatible HTTP server (docs/server.md).
  *
  * Threads: libmicrohttpd runs one thread per connection; one scheduler thread
- * owns the model and advances every active request by one prefill chunk or
- * one decode token per round (continuous batching by interleaving). */
+ * owns the model and runs rounds: all requests in their decode phase step
+ * together through one glm53_forward_batch, each request still in its prompt
+ * steps one prefill chunk (continuous batching; docs/server.md). */
 #ifndef GLM53_SERVER_SERVER_H
 #define GLM53_SERVER_SERVER_H
 #include "glm53.h"
@@ -15,7 +16,7 @@ typedef struct {
   const char *api_key;     /* NULL: no auth; else "Authorization: Bearer KEY" on /v1/ */
   const char *model_name;  /* id served in /v1/models (default: model dir basename) */
   int ctx;                 /* max tokens per request (prompt + generated) */
-  int parallel;            /* active sessions stepped together */
+  int parallel;            /* active sessions stepped together (= the largest decode batch) */
   int queue;               /* waiting requests beyond those; more get 429 */
   size_t max_body;         /* request body limit in bytes (413 beyond) */
   int prefill_chunk;       /* prompt tokens per scheduler step */

@@ -32,6 +32,9 @@ typedef struct job {
   /* ---- scheduler-thread state (no lock) ---- */
   glm53_session *s;
   gen_state *g;           /* the shared generation loop, stepped by the scheduler */
+  gen_input in;           /* this round's step (gen_next_input) */
+  const char *fin;        /* this round: finish reason once it ends ("stop", "length", "cancelled", "error") */
+  char err[512];          /* why, for "error" */
   int fed, n_gen, fell_back;
   double t_arrive, t_first;
   sbuf text;              /* all emitted text (chat: parsed at the end) */

@@ -24,4 +24,16 @@ timeout 120 node tests/node/server_faults.mjs cpu
 grep -q "continuing on the cpu backend" "$SRV_LOG" || { echo "FAIL: the fallback was not logged"; exit 1; }
 srv_stop_wait
 [ "$SRV_RC" = 0 ] || { echo "FAIL: exit status $SRV_RC"; cat "$SRV_LOG"; exit 1; }
+# a fault inside a batched decode round: only the request whose row failed is
+# affected, per policy
+GLM53_FAULT=forward:40 srv_start --ctx 512 --parallel 4 --on-gpu-error fail
+timeout 180 node tests/node/server_faults.mjs batch-fail
+srv_stop_wait
+[ "$SRV_RC" = 0 ] || { echo "FAIL: exit status $SRV_RC"; cat "$SRV_LOG"; exit 1; }
+
+GLM53_FAULT=forward:40 srv_start --ctx 512 --parallel 4 --on-gpu-error cpu
+timeout 180 node tests/node/server_faults.mjs batch-cpu
+grep -q "continuing on the cpu backend" "$SRV_LOG" || { echo "FAIL: the fallback was not logged"; exit 1; }
+srv_stop_wait
+[ "$SRV_RC" = 0 ] || { echo "FAIL: exit status $SRV_RC"; cat "$SRV_LOG"; exit 1; }
 echo "PASS: server faults"

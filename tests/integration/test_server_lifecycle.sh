@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Client disconnects free slots (/metrics active back to 0), a full queue
+# Client disconnects free slots (/metrics active back to 0; also one in the
+# middle of a batched decode, its neighbours unaffected), a full queue
 # gives 429, SIGTERM lets an in-flight stream finish and exits 0, and
 # `glm53 serve --stop --pid-file F` stops only a glm53 serve.
 # Usage: bash tests/integration/test_server_lifecycle.sh /path/to/glm53
@@ -11,6 +12,13 @@ srv_need_node
 # 1. disconnects and queue limits
 srv_start --ctx 4096 --parallel 1 --queue 1
 timeout 120 node tests/node/server_disconnect.mjs
+srv_stop_wait
+[ "$SRV_RC" = 0 ] || { echo "FAIL: exit status $SRV_RC"; cat "$SRV_LOG"; exit 1; }
+
+# 1b. a disconnect in the middle of a batched decode frees the slot; its
+# batch neighbours go on unchanged
+srv_start --ctx 1024 --parallel 4
+timeout 180 node tests/node/server_batch_disconnect.mjs
 srv_stop_wait
 [ "$SRV_RC" = 0 ] || { echo "FAIL: exit status $SRV_RC"; cat "$SRV_LOG"; exit 1; }
 

@@ -4,6 +4,11 @@
 //     and later ones complete.
 //   mode "cpu":  the request is rebuilt on the CPU and completes with the same
 //     greedy output as without the fault; the fallback is counted.
+//   modes "batch-fail" / "batch-cpu" (forward:40, --parallel 4): the fault
+//     lands in a round where 4 streams decode as one batch
+//     (glm53_decode_batch_failures_total 1); only the request whose row failed
+//     is failed / moved to the CPU, the others go on, and every completed
+//     stream equals the same request run alone afterwards (greedy).
 import assert from 'node:assert/strict';
 import { post, readSSE, metric, waitMetric } from './server_sse.mjs';
 
@@ -61,7 +66,49 @@ if (mode === 'fail') {
   assert.equal(await metric('glm53_backend_errors_total'), 1);
   assert.equal(await metric('glm53_cpu_fallbacks_total'), 1);
   console.log('fault mode cpu: ok');
+} else if (mode === 'batch-fail' || mode === 'batch-cpu') {
+  const M = 32;
+  const qs = [0, 1, 2, 3].map((i) => q(`batched stream ${i} `.repeat(i + 1), { max_tokens: M, stream: true }));
+  const res = await Promise.all(qs.map((b) => post('/v1/completions', b)));
+  const got = [];
+  for (const r of res) {
+    assert.equal(r.status, 200);
+    const { events } = await readSSE(r);
+    assert.equal(events[events.length - 1], '[DONE]', 'every stream ends with [DONE]');
+    const text = events.filter((e) => e.choices).map((e) => e.choices[0]?.text || '').join('');
+    const fin = events.find((e) => e.choices && e.choices[0]?.finish_reason)?.choices[0].finish_reason;
+    got.push({ err: events.find((e) => e.error)?.error, text, fin });
+  }
+  // the fault was inside a decode batch of more than one request
+  assert.equal(await metric('glm53_decode_batch_failures_total'), 1, 'the fault hit a batched decode step');
+  assert.equal(await metric('glm53_backend_errors_total'), 1);
+  assert.ok((await metric('glm53_decode_batch_rows_retried_total')) <= 3);
+  // references: each request alone (the fault was one-shot, so these are clean)
+  for (let i = 0; i < 4; i++) {
+    const a = await (await post('/v1/completions', { ...qs[i], stream: false })).json();
+    assert.equal(a.choices[0].finish_reason, 'length');
+    const g = got[i];
+    if (g.err) {
+      assert.equal(mode, 'batch-fail', `stream ${i} failed: ${g.err.message}`);
+      assert.equal(g.err.type, 'server_error');
+      assert.ok(g.err.message.includes('injected fault'), g.err.message);
+      assert.ok(a.choices[0].text.startsWith(g.text), `stream ${i}: text before the error is a prefix of its solo run`);
+    } else {
+      assert.equal(g.fin, 'length', `stream ${i} finished`);
+      assert.equal(g.text, a.choices[0].text, `stream ${i}: batched output == solo output (greedy)`);
+    }
+  }
+  const failed = got.filter((g) => g.err).length;
+  if (mode === 'batch-fail') {
+    assert.equal(failed, 1, 'exactly one stream failed');
+    assert.equal(await metric('glm53_cpu_fallbacks_total'), 0);
+  } else {
+    assert.equal(failed, 0, 'no stream failed');
+    assert.equal(await metric('glm53_cpu_fallbacks_total'), 1);
+  }
+  assert.ok(await waitMetric('glm53_active_sessions', 0));
+  console.log(`fault mode ${mode}: ok`);
 } else {
-  console.error('usage: server_faults.mjs fail|fail-nonstream|cpu');
+  console.error('usage: server_faults.mjs fail|fail-nonstream|cpu|batch-fail|batch-cpu');
   process.exit(2);
 }
