@@ -74,6 +74,10 @@ const char *glm53_session_backend(const glm53_session *s);
 /* Rebuild the session's state on the CPU backend from its token history and
  * continue there (used after a GPU error with --on-gpu-error=cpu). */
 int glm53_session_fallback_cpu(glm53_session *s);
+/* Rebuild the session's state on its own backend from its token history
+ * (after a failed glm53_forward_batch that may have left it stale). 0, or
+ * -1 with the position and history unchanged (the state still stale). */
+int glm53_session_rebuild(glm53_session *s);
 
 const char *glm53_last_error(void);
 

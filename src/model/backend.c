@@ -108,19 +108,33 @@ int glm53_forward_batch(glm53_session **ss, const int32_t *tokens, int n, float 
   return 0;
 }
 
+/* history[0..n) through the session's backend in chunks, from a reset state */
+static int replay(glm53_session *s, int n) {
+  const int chunk = 256;
+  glm53_session_reset(s); /* clears the state and pos; history is kept */
+  for (int i = 0; i < n; i += chunk) {
+    int len = n - i < chunk ? n - i : chunk;
+    if (s->backend->forward(s, s->history + i, len, NULL, 0)) {
+      s->pos = n; /* the history stays whole for a later fallback */
+      return -1;
+    }
+    s->pos += len;
+  }
+  return 0;
+}
+
+int glm53_session_rebuild(glm53_session *s) {
+  if (replay(s, s->pos)) return glm53_err_ctx("rebuilding the session state on %s", s->backend->name);
+  return 0;
+}
+
 int glm53_session_fallback_cpu(glm53_session *s) {
   int n = s->pos;
   if (s->backend != &cpu_backend && s->backend->session_free) s->backend->session_free(s);
   s->backend = &cpu_backend;
   s->backend_state = NULL;
   session_cpu_state_alloc(s);
-  glm53_session_reset(s); /* clears the CPU state and pos; history is kept */
-  const int chunk = 256;
-  for (int i = 0; i < n; i += chunk) {
-    int len = n - i < chunk ? n - i : chunk;
-    if (cpu_forward(s, s->history + i, len, NULL, 0)) return glm53_err_ctx("CPU fallback replay");
-    s->pos += len;
-  }
+  if (replay(s, n)) return glm53_err_ctx("CPU fallback replay");
   LOG_WARN("session moved to the cpu backend (%d tokens of state rebuilt)", n);
   return 0;
 }

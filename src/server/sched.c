@@ -19,8 +19,10 @@
  * the one whose forward failed: it gets its --on-gpu-error policy; the rows
  * after it were never tried and are stepped one by one. On a backend that
  * batches for real the failed step belongs to no single row: it is logged
- * and counted once, and every row that did not advance is stepped again
- * alone (glm53_forward), each failure handled by that request's policy. */
+ * and counted once, and every row that did not advance is rebuilt from its
+ * history on its backend (the failed step may have left part of its device
+ * state updated) and stepped again alone (glm53_forward), each failure
+ * handled by that request's policy. */
 #include "server/srv_internal.h"
 #include "core/err.h"
 #include "core/log.h"
@@ -210,7 +212,16 @@ static void decode_group(srv *S, scratch *x, job **J, int n, const char *backend
         rc = fwd_failed(J[i], x->ss[i], &x->toks[i], 1, row, why);
       } else {
         met_inc(&S->met, &S->met.batch_retried);
-        rc = fwd(J[i], &x->toks[i], 1, row);
+        /* a failed batched forward may have updated part of this row's
+         * device state (e.g. a KDA recurrent state): rebuild it from the
+         * history before stepping it alone */
+        char rwhy[512];
+        if (!loops && glm53_session_rebuild(x->ss[i])) {
+          snprintf(rwhy, sizeof rwhy, "%s", glm53_last_error());
+          rc = fwd_failed(J[i], x->ss[i], &x->toks[i], 1, row, rwhy);
+        } else {
+          rc = fwd(J[i], &x->toks[i], 1, row);
+        }
       }
       first = 0;
     }
