@@ -50,6 +50,28 @@ typedef struct {
   gmlp shared;
 } glayer;
 
+/* one captured decode step of T tokens (T = index in grun.g) */
+typedef struct {
+  void *exec;
+  unsigned gen;   /* gk_scratch_gen() at capture */
+  int warm;       /* one uncaptured step ran with the current buffers and key */
+  int chunk, ns;  /* key: the MLA split of the captured launches */
+} ggraph;
+#define GRAPH_T 32 /* graphs for decode steps of 1..31 tokens */
+
+/* Activations arena, logits rows and decode graphs of one kind of forward:
+ * each session has one for its own forwards, the model one for batched
+ * decode steps (g_lock serialises both). */
+typedef struct {
+  void *arena;
+  size_t arena_bytes, arena_part; /* arena_part: floats of MLA split partials */
+  int arena_T, arena_mp;          /* tokens; score row stride (pools) */
+  float *dlogits;
+  int dlogits_rows;
+  ggraph g[GRAPH_T];
+  int graph_off; /* capture failed once: direct launches from then on */
+} grun;
+
 typedef struct {
   gpu_mat embed, lm_head;
   float *final_norm;
@@ -58,28 +80,30 @@ typedef struct {
   int nallocs, cap;
   size_t bytes;
   gpu_xcache xc; /* routed-expert placement / streaming */
+  grun batch;    /* batched decode (glm53_forward_batch) */
 } gmodel;
 
 typedef struct {
-  float *conv, *S;                        /* KDA */
-  float *latent, *ik, *is, *pool;         /* MLA + indexer */
-} glstate;
-
-typedef struct {
-  glstate *ls;
+  gk_lstate *ls;   /* per layer: KDA conv + recurrent state, MLA latent cache, indexer keys / gates / pooled keys */
+  gk_lstate *d_ls; /* the same pointers on the device (the batch tables point here) */
   void **allocs;
   int nallocs, cap;
-  void *arena;   /* activations, sized for arena_T tokens */
-  int arena_T;
-  size_t arena_bytes;
-  float *dlogits; /* logits rows, sized for dlogits_rows */
-  int dlogits_rows;
-  void *graph;        /* captured single-token decode step (off with GLM53_GPU_GRAPH=0) */
-  unsigned graph_gen; /* gk_scratch_gen() at capture */
-  int graph_warm;     /* one uncaptured step ran with the current buffers */
-  int graph_off;      /* capture failed once: direct launches from then on */
+  grun run;
   int maxpool;
 } gsession;
+
+static void grun_drop_graphs(grun *R) {
+  for (int i = 0; i < GRAPH_T; i++) {
+    gk_graph_free(R->g[i].exec);
+    memset(&R->g[i], 0, sizeof R->g[i]);
+  }
+}
+static void grun_free(grun *R) {
+  grun_drop_graphs(R);
+  gk_free(R->arena);
+  gk_free(R->dlogits);
+  memset(R, 0, sizeof *R);
+}
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static const glm53_backend gpu_backend;
@@ -263,6 +287,7 @@ static void gpu_model_free(glm53_model *m) {
   }
   gk_sync(); /* copies in flight read the host blobs freed below */
   gpu_xcache_free(&g->xc);
+  grun_free(&g->batch);
   for (int i = 0; i < g->nallocs; i++) gk_free(g->allocs[i]);
   if (g->layers)
     for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
@@ -428,9 +453,7 @@ static void gpu_session_free(glm53_session *ss) {
   gsession *s = ss->backend_state;
   if (!s) return;
   for (int i = 0; i < s->nallocs; i++) gk_free(s->allocs[i]);
-  gk_free(s->arena);
-  gk_free(s->dlogits);
-  gk_graph_free(s->graph);
+  grun_free(&s->run);
   free(s->allocs);
   free(s->ls);
   free(s);
@@ -441,23 +464,27 @@ static int gpu_session_init(glm53_session *ss) {
   const glm53_config *c = &ss->m->cfg;
   gsession *s = xcalloc(1, sizeof *s);
   ss->backend_state = s;
-  s->ls = xcalloc((size_t)c->num_hidden_layers, sizeof(glstate));
+  s->ls = xcalloc((size_t)c->num_hidden_layers, sizeof(gk_lstate));
   s->maxpool = ss->max_ctx / c->index_kpool + 1;
   size_t inner = (size_t)c->linear_num_heads * c->linear_head_dim, hd = c->index_head_dim;
   int bad = 0;
   for (int l = 0; l < c->num_hidden_layers && !bad; l++) {
-    glstate *st = &s->ls[l];
+    float **st = s->ls[l].p;
     if (c->layer_types[l] == ATTN_KDA) {
-      bad |= !(st->conv = sdev(s, (size_t)(c->linear_conv_kernel_dim - 1) * 3 * inner * sizeof(float) + 4));
-      bad |= !(st->S = sdev(s, inner * c->linear_head_dim * sizeof(float)));
+      bad |= !(st[GK_ST_CONV] = sdev(s, (size_t)(c->linear_conv_kernel_dim - 1) * 3 * inner * sizeof(float) + 4));
+      bad |= !(st[GK_ST_S] = sdev(s, inner * c->linear_head_dim * sizeof(float)));
     } else {
-      bad |= !(st->latent = sdev(s, (size_t)ss->max_ctx * c->kv_lora_rank * sizeof(float)));
+      bad |= !(st[GK_ST_LATENT] = sdev(s, (size_t)ss->max_ctx * c->kv_lora_rank * sizeof(float)));
       if (c->indexer_types[l] == INDEX_FULL) {
-        bad |= !(st->ik = sdev(s, (size_t)ss->max_ctx * hd * sizeof(float)));
-        bad |= !(st->is = sdev(s, (size_t)ss->max_ctx * hd * sizeof(float)));
-        bad |= !(st->pool = sdev(s, (size_t)s->maxpool * hd * sizeof(float)));
+        bad |= !(st[GK_ST_IK] = sdev(s, (size_t)ss->max_ctx * hd * sizeof(float)));
+        bad |= !(st[GK_ST_IS] = sdev(s, (size_t)ss->max_ctx * hd * sizeof(float)));
+        bad |= !(st[GK_ST_POOL] = sdev(s, (size_t)s->maxpool * hd * sizeof(float)));
       }
     }
+  }
+  if (!bad) {
+    size_t nb = (size_t)c->num_hidden_layers * sizeof(gk_lstate);
+    bad |= !(s->d_ls = sdev(s, nb)) || gk_h2d(s->d_ls, s->ls, nb);
   }
   if (bad) {
     glm53_err("gpu session (context %d): %s", ss->max_ctx, gk_error());
@@ -472,9 +499,9 @@ static void gpu_session_reset(glm53_session *ss) {
   const glm53_config *c = &ss->m->cfg;
   size_t inner = (size_t)c->linear_num_heads * c->linear_head_dim;
   for (int l = 0; l < c->num_hidden_layers; l++)
-    if (s->ls[l].S) {
-      gk_memset(s->ls[l].conv, 0, (size_t)(c->linear_conv_kernel_dim - 1) * 3 * inner * sizeof(float));
-      gk_memset(s->ls[l].S, 0, inner * c->linear_head_dim * sizeof(float));
+    if (s->ls[l].p[GK_ST_S]) {
+      gk_memset(s->ls[l].p[GK_ST_CONV], 0, (size_t)(c->linear_conv_kernel_dim - 1) * 3 * inner * sizeof(float));
+      gk_memset(s->ls[l].p[GK_ST_S], 0, inner * c->linear_head_dim * sizeof(float));
     }
 }
 
@@ -487,8 +514,19 @@ typedef struct {
   float *logits, *wt, *sg, *su, *pg, *pu, *eo, *xin, *xg, *xu, *xo; /* MoE */
   int *idx, *prow, *trow;
   float *dg, *du, *h;
-  int32_t *tok;
+  int32_t *tok; /* the upload region (io_layout): tokens, token -> segment, segments */
+  int *tseg;
+  gk_seg *seg;
 } acts;
+
+/* The per-forward upload: tokens [T], their segments [T], the segment
+ * table; offsets depend on T only (a graph of T tokens keeps its pointers). */
+static size_t io_seg_off(int T) { return ((size_t)T * 8 + 15) & ~(size_t)15; }
+static size_t io_bytes(int T) { return io_seg_off(T) + (size_t)T * sizeof(gk_seg); }
+static void io_layout(acts *A, int T) {
+  A->tseg = (int *)((char *)A->tok + (size_t)T * 4);
+  A->seg = (gk_seg *)((char *)A->tok + io_seg_off(T));
+}
 
 static size_t carve(char *base, size_t *off, size_t n, void **p) {
   *off = (*off + 255) & ~(size_t)255;
@@ -497,7 +535,7 @@ static size_t carve(char *base, size_t *off, size_t n, void **p) {
   return *off;
 }
 
-static size_t layout(const glm53_config *c, int T, int maxpool, int max_ctx, char *base, acts *A) {
+static size_t layout(const glm53_config *c, int T, int maxpool, size_t part, char *base, acts *A) {
   size_t off = 0;
   const size_t D = c->hidden_size, hc = c->hc_mult, mix = (2 + hc) * hc, Tz = T;
   const size_t inner = (size_t)c->linear_num_heads * c->linear_head_dim, lhd = c->linear_head_dim;
@@ -514,45 +552,37 @@ static size_t layout(const glm53_config *c, int T, int maxpool, int max_ctx, cha
   C_(iq, Tz * c->index_n_heads * c->index_head_dim * F); C_(iw, Tz * c->index_n_heads * F);
   C_(kk, Tz * c->index_head_dim * F); C_(mo, Tz * H * c->v_head_dim * F); C_(score, Tz * maxpool * F);
   C_(qt, Tz * H * c->kv_lora_rank * F); C_(ob, Tz * H * c->kv_lora_rank * F);
-  {
-    /* split partials exist only for chunks below gk_gemm_min() tokens,
-     * whatever size the arena was first made for; pos0 = max_ctx bounds
-     * the number of splits */
-    int Ts = T < gk_gemm_min() ? T : gk_gemm_min() - 1, chunk;
-    int ns = Ts > 0 ? gpu_mla_split(Ts, max_ctx, (int)K, c->index_kpool, &chunk) : 1;
-    (void)chunk;
-    C_(apart, (size_t)(Ts > 0 ? Ts : 1) * H * ns * (c->kv_lora_rank + 2) * F);
-  }
+  C_(apart, (part > 0 ? part : 1) * F); /* MLA split partials (flash-decoding launches only) */
   C_(dense, Tz * 4); C_(npools, Tz * 4); C_(tail, Tz * 4); C_(pools, Tz * K * 4);
   C_(logits, Tz * (E > 0 ? E : 1) * F); C_(idx, Tz * k * 4); C_(wt, Tz * k * F); C_(prow, Tz * k * 4); C_(trow, Tz * k * 4);
   C_(sg, Tz * Is * F); C_(su, Tz * Is * F);
   C_(pg, Tz * k * I * F); C_(pu, Tz * k * I * F); C_(eo, Tz * k * D * F);
   C_(xin, Tz * D * F); C_(xg, Tz * I * F); C_(xu, Tz * I * F); C_(xo, Tz * D * F);
   C_(dg, Tz * c->intermediate_size * F); C_(du, Tz * c->intermediate_size * F);
-  C_(h, Tz * D * F); C_(tok, (Tz + 1) * 4); /* tokens, then pos0 */
+  C_(h, Tz * D * F); C_(tok, io_bytes(T));
 #undef C_
   return off;
 }
 
-static int ensure_arena(glm53_session *ss, int T, acts *A) {
-  gsession *s = ss->backend_state;
-  const glm53_config *c = &ss->m->cfg;
-  int want = T > s->arena_T ? T : s->arena_T;
-  /* the layout also depends on gk_gemm_min() (split partials), which tests change */
-  size_t need = layout(c, want, s->maxpool, ss->max_ctx, NULL, A);
-  if (want > s->arena_T || need > s->arena_bytes) {
-    gk_graph_free(s->graph); /* it points into the old arena */
-    s->graph = NULL;
-    s->graph_warm = 0;
-    gk_free(s->arena);
-    s->arena_T = 0;
-    s->arena_bytes = 0;
-    s->arena = gk_malloc(need);
-    if (!s->arena) return glm53_err("gpu: activations for %d tokens: %s", T, gk_error());
-    s->arena_T = want;
-    s->arena_bytes = need;
+/* An arena for at least T tokens, score rows of mp pools and part floats
+ * of split partials (each only grows; a new arena drops the graphs). */
+static int ensure_arena(grun *R, const glm53_config *c, int T, int mp, size_t part, acts *A) {
+  if (T > R->arena_T || mp > R->arena_mp || part > R->arena_part || !R->arena) {
+    int wT = T > R->arena_T ? T : R->arena_T, wmp = mp > R->arena_mp ? mp : R->arena_mp;
+    size_t wpart = part > R->arena_part ? part : R->arena_part;
+    size_t need = layout(c, wT, wmp, wpart, NULL, A);
+    grun_drop_graphs(R); /* they point into the old arena */
+    gk_free(R->arena);
+    R->arena_T = R->arena_mp = 0;
+    R->arena_part = R->arena_bytes = 0;
+    if (!(R->arena = gk_malloc(need))) return glm53_err("gpu: activations for %d tokens: %s", T, gk_error());
+    R->arena_T = wT;
+    R->arena_mp = wmp;
+    R->arena_part = wpart;
+    R->arena_bytes = need;
   }
-  layout(c, s->arena_T, s->maxpool, ss->max_ctx, s->arena, A);
+  layout(c, R->arena_T, R->arena_mp, R->arena_part, R->arena, A);
+  io_layout(A, T);
   return 0;
 }
 
@@ -567,12 +597,12 @@ static int mlp_dev(const gmlp *w, float limit, const float *y, int T, int D, flo
   return gk_matmul(&w->down, g, T, I, out, D);
 }
 
-static int kda_dev(const glm53_config *c, const gkda *w, glstate *st, acts *A, int T) {
+static int kda_dev(const glm53_config *c, const gkda *w, const gk_batch *b, acts *A, int T) {
   const int D = c->hidden_size, H = c->linear_num_heads, hd = c->linear_head_dim, inner = H * hd, ch = 3 * inner;
   TRY(gk_matmul(&w->q, A->y, T, D, A->raw, ch));
   TRY(gk_matmul(&w->k, A->y, T, D, A->raw + inner, ch));
   TRY(gk_matmul(&w->v, A->y, T, D, A->raw + 2 * inner, ch));
-  TRY(gk_kda_conv(A->raw, st->conv, w->conv, T, ch, c->linear_conv_kernel_dim, A->qkv));
+  TRY(gk_kda_conv(A->raw, b, w->conv, T, ch, c->linear_conv_kernel_dim, A->qkv));
   TRY(gk_kda_prep(A->qkv, T, H, hd, 1.0f / sqrtf((float)hd)));
   TRY(gk_matmul(&w->fa, A->y, T, D, A->fa, hd));
   TRY(gk_matmul(&w->fb, A->fa, T, hd, A->g, inner));
@@ -580,13 +610,13 @@ static int kda_dev(const glm53_config *c, const gkda *w, glstate *st, acts *A, i
   TRY(gk_matmul(&w->b, A->y, T, D, A->beta, H));
   TRY(gk_matmul(&w->ga, A->y, T, D, A->fa, hd));
   TRY(gk_matmul(&w->gb, A->fa, T, hd, A->z, inner));
-  TRY(gk_kda_recur(st->S, A->qkv, A->g, A->beta, T, H, hd, A->o));
+  TRY(gk_kda_recur(b, A->qkv, A->g, A->beta, T, H, hd, A->o));
   TRY(gk_kda_out(A->o, A->z, w->o_norm, T, H, hd, c->rms_norm_eps));
   return gk_matmul(&w->o, A->o, T, inner, A->a, D);
 }
 
-static int mla_dev(const glm53_config *c, const gmla *w, glstate *st, acts *A, int T, const int *dpos, int maxpool,
-                   int max_ctx) {
+/* maxpool: the score row stride; chunk / ns: the MLA split (run_forward) */
+static int mla_dev(const glm53_config *c, const gmla *w, const gk_batch *b, acts *A, int T, int maxpool, int chunk, int ns) {
   const int D = c->hidden_size, H = c->num_attention_heads, nope = c->qk_nope_head_dim, vd = c->v_head_dim;
   const int ql = c->q_lora_rank, kl = c->kv_lora_rank, P = c->index_kpool, K = c->index_topk / c->index_kpool;
   TRY(gk_matmul(&w->q_a, A->y, T, D, A->r, ql));
@@ -594,7 +624,7 @@ static int mla_dev(const glm53_config *c, const gmla *w, glstate *st, acts *A, i
   TRY(gk_matmul(&w->q_b, A->r, T, ql, A->q, H * nope));
   TRY(gk_matmul(&w->kv_a, A->y, T, D, A->ckv, kl));
   TRY(gk_rmsnorm(A->ckv, kl, A->ckv, kl, w->kv_a_norm, T, kl, c->rms_norm_eps));
-  TRY(gk_store_at(st->latent, dpos, kl, A->ckv, T, kl)); /* latent cache rows pos0.. */
+  TRY(gk_store_at(b, GK_ST_LATENT, kl, A->ckv, T, kl)); /* latent cache rows at the tokens' positions */
   pr_mark(PR_MLA);
   if (w->has_idx) {
     const int nh = c->index_n_heads, hd = c->index_head_dim;
@@ -602,20 +632,19 @@ static int mla_dev(const glm53_config *c, const gmla *w, glstate *st, acts *A, i
     TRY(gk_matmul(&w->wproj, A->y, T, D, A->iw, nh));
     TRY(gk_matmul(&w->wk, A->y, T, D, A->kk, hd));
     TRY(gk_layernorm(A->kk, hd, A->kk, hd, w->knw, w->knb, T, hd, 1e-6f));
-    TRY(gk_store_at(st->ik, dpos, hd, A->kk, T, hd));
+    TRY(gk_store_at(b, GK_ST_IK, hd, A->kk, T, hd));
     TRY(gk_matmul(&w->gate, A->y, T, D, A->kk, hd));
-    TRY(gk_store_at(st->is, dpos, hd, A->kk, T, hd));
-    TRY(gk_pool_keys(st->ik, st->is, w->ape, dpos, T, P, hd, st->pool));
-    TRY(gk_indexer_scores(A->iq, A->iw, st->pool, T, dpos, P, nh, hd, K, maxpool, A->score));
-    TRY(gk_select(A->score, T, dpos, P, K, maxpool, c->index_kpool_always_select_tail, A->dense, A->npools, A->tail, A->pools));
+    TRY(gk_store_at(b, GK_ST_IS, hd, A->kk, T, hd));
+    TRY(gk_pool_keys(b, w->ape, P, hd));
+    TRY(gk_indexer_scores(A->iq, A->iw, b, T, P, nh, hd, K, maxpool, A->score));
+    TRY(gk_select(A->score, b, T, P, K, maxpool, c->index_kpool_always_select_tail, A->dense, A->npools, A->tail, A->pools));
     pr_mark(PR_IDX);
   }
   /* absorbed attention: q~ = W_UK^T q per head, softmax over the selected
    * latents, then W_UV per head. The split count depends on the context
    * bound only, so every decode step launches the same grid. */
-  int chunk, ns = gpu_mla_split(T, max_ctx, K, P, &chunk);
   TRY(gk_matmul_heads(w->heads.uk_h, w->heads.uk_d, H, A->q, T, nope, A->qt, kl));
-  TRY(gk_mla_attn(A->qt, st->latent, A->dense, A->npools, A->tail, A->pools, T, dpos, H, kl, P, K,
+  TRY(gk_mla_attn(A->qt, b, A->dense, A->npools, A->tail, A->pools, T, H, kl, P, K,
                   (float)(1.0 / sqrt((double)(nope + c->qk_rope_head_dim))), chunk, ns, A->apart, A->ob));
   TRY(gk_matmul_heads(w->heads.uv_h, w->heads.uv_d, H, A->ob, T, kl, A->mo, vd));
   return gk_matmul(&w->o, A->mo, T, H * vd, A->a, D);
@@ -735,24 +764,34 @@ static int site(const glm53_config *c, const ghc *hw, const float *norm_w, acts 
                     c->rms_norm_eps, A->post, A->comb, A->y);
 }
 
+/* One forward: T tokens in nseg segments (gk.h gk_batch), logits for the
+ * last nlog tokens. */
+typedef struct {
+  const glm53_model *m;
+  acts *A;
+  gk_batch b; /* device tables; .layer set per layer */
+  int T, nlog, maxpool, chunk, ns;
+  float *dlogits;
+} fwd;
+
 /* The device work of one forward: every launch, no host synchronisation
- * (a decode step of T < gk_gemm_min() tokens is capturable as a graph).
- * Logits rows [first, T) go to s->dlogits when n > 0. */
-static int record(glm53_session *ss, acts *A, const int *dpos, int T, int n) {
-  const glm53_model *m = ss->m;
+ * (a decode step of T < gk_gemm_min() tokens is capturable as a graph). */
+static int record(const fwd *f) {
+  const glm53_model *m = f->m;
   const glm53_config *c = &m->cfg;
   gmodel *g = m->backend_model;
-  gsession *s = ss->backend_state;
-  const int D = c->hidden_size, hc = c->hc_mult;
+  acts *A = f->A;
+  const int D = c->hidden_size, hc = c->hc_mult, T = f->T;
   TRY(gk_embed(&g->embed, A->tok, T, hc, A->X));
   pr_mark(PR_EMBED);
   for (int l = 0; l < c->num_hidden_layers; l++) {
     const glayer *G = &g->layers[l];
-    glstate *st = &s->ls[l];
+    gk_batch b = f->b;
+    b.layer = l;
     TRY(site(c, &G->hc[0], G->in_norm, A, T));
     pr_mark(PR_MHC);
-    if (c->layer_types[l] == ATTN_KDA) TRY(kda_dev(c, &G->kda, st, A, T));
-    else TRY(mla_dev(c, &G->mla, st, A, T, dpos, s->maxpool, ss->max_ctx));
+    if (c->layer_types[l] == ATTN_KDA) TRY(kda_dev(c, &G->kda, &b, A, T));
+    else TRY(mla_dev(c, &G->mla, &b, A, T, f->maxpool, f->chunk, f->ns));
     pr_mark(c->layer_types[l] == ATTN_KDA ? PR_KDA : PR_MLA);
     TRY(gk_mhc_post(A->X, A->a, A->post, A->comb, T, hc, D));
     TRY(site(c, &G->hc[1], G->post_norm, A, T));
@@ -763,9 +802,9 @@ static int record(glm53_session *ss, acts *A, const int *dpos, int T, int n) {
     TRY(gk_mhc_post(A->X, A->a, A->post, A->comb, T, hc, D));
     pr_mark(PR_MHC);
   }
-  if (n > 0) {
-    TRY(gk_final_norm(A->X, g->final_norm, T - n, T, hc, D, c->rms_norm_eps, A->h));
-    TRY(gk_matmul(&g->lm_head, A->h, n, D, s->dlogits, c->vocab_size));
+  if (f->nlog > 0) {
+    TRY(gk_final_norm(A->X, g->final_norm, T - f->nlog, T, hc, D, c->rms_norm_eps, A->h));
+    TRY(gk_matmul(&g->lm_head, A->h, f->nlog, D, f->dlogits, c->vocab_size));
   }
   return 0;
 }
@@ -777,65 +816,99 @@ static int graphs_enabled(void) {
   return on;
 }
 
-static int forward_locked(glm53_session *ss, const int32_t *tokens, int T, float *logits, int all_rows) {
-  const glm53_config *c = &ss->m->cfg;
-  gsession *s = ss->backend_state;
+/* The forward of T tokens forming nseg segments (host table `seg`, whose
+ * ls pointers are device arrays; maxlen = the longest), logits of the last
+ * nlog tokens into `logits`. ctx / mp: the largest context / pool count of
+ * the sequences involved (the MLA split count and the score rows follow
+ * from them, never from positions). Runs in R's arena; decode steps (one
+ * token per segment, every row's logits, fewer than gk_gemm_min() tokens)
+ * replay a graph captured per token count. */
+static int run_forward(const glm53_model *m, grun *R, const gk_seg *seg, int nseg, int maxlen, const int32_t *tokens,
+                       int T, int nlog, float *logits, int ctx, int mp) {
+  const glm53_config *c = &m->cfg;
+  const int K = c->index_topk / c->index_kpool, P = c->index_kpool;
+  fwd f = {.m = m, .T = T, .nlog = nlog};
+  f.ns = gpu_mla_split(maxlen, ctx, K, P, &f.chunk);
+  const size_t part = f.chunk > 0 ? (size_t)T * c->num_attention_heads * f.ns * (c->kv_lora_rank + 2) : 0;
   acts A;
-  TRY(ensure_arena(ss, T, &A));
-  const int n = logits ? (all_rows ? T : 1) : 0;
-  if (n > s->dlogits_rows) {
-    gk_graph_free(s->graph);
-    s->graph = NULL;
-    s->graph_warm = 0;
-    gk_free(s->dlogits);
-    s->dlogits_rows = 0;
-    if (!(s->dlogits = gk_malloc((size_t)n * c->vocab_size * sizeof(float)))) return -1;
-    s->dlogits_rows = n;
+  TRY(ensure_arena(R, c, T, mp, part, &A));
+  f.A = &A;
+  f.maxpool = R->arena_mp;
+  if (nlog > R->dlogits_rows) {
+    grun_drop_graphs(R);
+    gk_free(R->dlogits);
+    R->dlogits_rows = 0;
+    if (!(R->dlogits = gk_malloc((size_t)nlog * c->vocab_size * sizeof(float)))) return -1;
+    R->dlogits_rows = nlog;
   }
+  f.dlogits = R->dlogits;
   pr_mark(-1);
-  int32_t *up = xmalloc((size_t)(T + 1) * sizeof(int32_t));
+  /* one upload: tokens, token -> segment, segments (offsets as io_layout) */
+  char *up = xcalloc(1, io_bytes(T));
   memcpy(up, tokens, (size_t)T * sizeof(int32_t));
-  up[T] = ss->pos;
-  int rc = gk_h2d(A.tok, up, (size_t)(T + 1) * sizeof(int32_t));
+  int *tseg = (int *)(up + (size_t)T * 4);
+  for (int s = 0; s < nseg; s++)
+    for (int t = seg[s].t0; t < seg[s].t0 + seg[s].len; t++) tseg[t] = s;
+  memcpy(up + io_seg_off(T), seg, (size_t)nseg * sizeof(gk_seg));
+  int rc = gk_h2d(A.tok, up, io_seg_off(T) + (size_t)nseg * sizeof(gk_seg));
   free(up);
   TRY(rc);
-  const int *dpos = A.tok + T;
-  /* decode steps replay one captured graph (launch overhead dominates batch-1
-   * decode); capture after one uncaptured step so no scratch grows inside */
-  /* streaming experts needs the routing on the host: no graph then */
-  const gmodel *gm = ss->m->backend_model;
-  const int graph = graphs_enabled() && !gm->xc.active && !s->graph_off && T == 1 && n == 1 && T < gk_gemm_min() && !pr_on;
-  if (graph && s->graph && s->graph_gen == gk_scratch_gen()) {
-    TRY(gk_graph_launch(s->graph));
-  } else if (graph && s->graph_warm) {
-    gk_graph_free(s->graph);
-    s->graph = NULL;
+  f.b = (gk_batch){.seg = A.seg, .tseg = A.tseg, .nseg = nseg, .maxlen = maxlen, .layer = 0};
+  /* decode steps replay one captured graph per token count (launch overhead
+   * dominates small decode steps); capture after one uncaptured step with
+   * the same key so no scratch grows inside. Streaming experts needs the
+   * routing on the host: no graph then. */
+  const gmodel *gm = m->backend_model;
+  const int graph = graphs_enabled() && !gm->xc.active && !R->graph_off && maxlen == 1 && nlog == T && T < GRAPH_T &&
+                    T < gk_gemm_min() && !pr_on;
+  ggraph *G = graph ? &R->g[T] : NULL;
+  const int keyed = G && G->chunk == f.chunk && G->ns == f.ns;
+  if (G && keyed && G->exec && G->gen == gk_scratch_gen()) {
+    TRY(gk_graph_launch(G->exec));
+  } else if (G && keyed && G->warm) {
+    gk_graph_free(G->exec);
+    G->exec = NULL;
     void *ex = NULL;
     int crc = gk_capture_begin();
     if (!crc) {
-      int rrc = record(ss, &A, dpos, T, n);
+      int rrc = record(&f);
       crc = gk_capture_end(&ex) || rrc;
     }
     if (crc) {
       LOG_WARN("gpu: decode graph capture failed (%s); launching kernels directly", gk_error());
       gk_graph_free(ex);
-      s->graph_off = 1;
+      R->graph_off = 1;
       gk_sync();
-      TRY(record(ss, &A, dpos, T, n));
+      TRY(record(&f));
     } else {
-      s->graph = ex;
-      s->graph_gen = gk_scratch_gen();
-      TRY(gk_graph_launch(s->graph));
+      G->exec = ex;
+      G->gen = gk_scratch_gen();
+      TRY(gk_graph_launch(G->exec));
     }
   } else {
-    TRY(record(ss, &A, dpos, T, n));
-    if (graph) s->graph_warm = 1;
+    TRY(record(&f));
+    if (G) {
+      if (!keyed) {
+        gk_graph_free(G->exec);
+        G->exec = NULL;
+      }
+      G->warm = 1;
+      G->chunk = f.chunk;
+      G->ns = f.ns;
+    }
   }
-  if (n > 0) {
-    TRY(gk_d2h(logits, s->dlogits, (size_t)n * c->vocab_size * sizeof(float)));
+  if (nlog > 0) {
+    TRY(gk_d2h(logits, R->dlogits, (size_t)nlog * c->vocab_size * sizeof(float)));
     pr_mark(PR_HEAD);
   }
   return gk_sync();
+}
+
+static int forward_locked(glm53_session *ss, const int32_t *tokens, int T, float *logits, int all_rows) {
+  gsession *s = ss->backend_state;
+  const gk_seg seg = {.ls = s->d_ls, .t0 = 0, .len = T, .pos0 = ss->pos};
+  const int n = logits ? (all_rows ? T : 1) : 0;
+  return run_forward(ss->m, &s->run, &seg, 1, T, tokens, T, n, logits, ss->max_ctx, s->maxpool);
 }
 
 static int gpu_forward(glm53_session *ss, const int32_t *tokens, int T, float *logits, int all_rows) {
@@ -843,6 +916,27 @@ static int gpu_forward(glm53_session *ss, const int32_t *tokens, int T, float *l
   int rc = forward_locked(ss, tokens, T, logits, all_rows);
   pthread_mutex_unlock(&g_lock);
   if (rc) return glm53_err("gpu backend error: %s", gk_error());
+  return 0;
+}
+
+/* n sessions of one model, one token each: one forward of n one-token
+ * segments in the model's batch arena (weights read once per step) */
+static int gpu_forward_batch(glm53_session **ss, const int32_t *tokens, int n, float *logits) {
+  glm53_model *m = ss[0]->m;
+  gmodel *g = m->backend_model;
+  gk_seg *seg = xcalloc((size_t)n, sizeof *seg);
+  int ctx = 0, mp = 0;
+  for (int i = 0; i < n; i++) {
+    const gsession *s = ss[i]->backend_state;
+    seg[i] = (gk_seg){.ls = s->d_ls, .t0 = i, .len = 1, .pos0 = ss[i]->pos};
+    if (ss[i]->max_ctx > ctx) ctx = ss[i]->max_ctx;
+    if (s->maxpool > mp) mp = s->maxpool;
+  }
+  pthread_mutex_lock(&g_lock);
+  int rc = run_forward(m, &g->batch, seg, n, 1, tokens, n, n, logits, ctx, mp);
+  pthread_mutex_unlock(&g_lock);
+  free(seg);
+  if (rc) return glm53_err("gpu backend error (batch of %d): %s", n, gk_error());
   return 0;
 }
 
@@ -877,6 +971,7 @@ static const glm53_backend gpu_backend = {
     .session_free = gpu_session_free,
     .session_reset = gpu_session_reset,
     .forward = gpu_forward,
+    .forward_batch = gpu_forward_batch,
 };
 
 const glm53_backend *glm53_gpu_backend(void) { return &gpu_backend; }

@@ -17,9 +17,11 @@ typedef struct {
 } gpu_mla_heads;
 int gpu_build_mla_heads(const wmat *w, const gpu_mat *dkvb, int H, int nope, int vd, void *(*alloc)(void *ctx, size_t n),
                         void *ctx, gpu_mla_heads *out);
-/* flash-decoding split of the MLA attention for a chunk of T tokens at pos0:
- * chunk size (0 = no split) and the number of splits */
-int gpu_mla_split(int T, int pos0, int K, int P, int *chunk);
+/* flash-decoding split of the MLA attention for a launch whose longest
+ * segment (one sequence's run of tokens) has T tokens, over sequences of at
+ * most max_ctx tokens: chunk size (0 = no split: T >= gk_gemm_min()) and the
+ * number of splits (a function of max_ctx, never of positions) */
+int gpu_mla_split(int T, int max_ctx, int K, int P, int *chunk);
 
 /* ---- routed-expert placement and streaming (gpu_experts.c) ----
  * Experts that do not fit the VRAM budget stay in (pinned) host memory as

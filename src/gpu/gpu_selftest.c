@@ -41,6 +41,21 @@ static void dfree(dpool *d) {
   for (int i = 0; i < d->n; i++) gk_free(d->p[i]);
   d->n = 0;
 }
+/* a one-segment batch table (tokens [0, T) at positions pos0..) over one
+ * layer's states ls, on the device */
+static gk_batch one_seg(dpool *d, const gk_lstate *ls, int T, int pos0) {
+  gk_batch b = {0};
+  const gk_lstate *dls = dput(d, ls, sizeof *ls);
+  gk_seg sg = {.ls = dls, .t0 = 0, .len = T, .pos0 = pos0};
+  int *z = xcalloc((size_t)T + 1, sizeof(int));
+  b.seg = dput(d, &sg, sizeof sg);
+  b.tseg = dput(d, z, (size_t)T * sizeof(int));
+  free(z);
+  b.nseg = 1;
+  b.maxlen = T;
+  return b;
+}
+
 static double relerr(const float *g, const float *ref, size_t n) {
   double mx = 0, d = 0;
   for (size_t i = 0; i < n; i++) {
@@ -230,8 +245,12 @@ static void check_kda(srng *r, gpu_check *out, int max, int *k) {
   float *dow = dput(&d, ow, hd * 4), *dS = dput(&d, St, (size_t)H * hd * hd * 4), *dO = dput(&d, NULL, (size_t)T * inner * 4);
   float *gcs = xmalloc((size_t)(K - 1) * ch * 4);
   double e1 = INFINITY, e2 = INFINITY, e3 = INFINITY;
-  if (!d.bad && !gk_kda_conv(draw, dcs, dcw, T, ch, K, dqkv) && !gk_kda_prep(dqkv, T, H, hd, qs) &&
-      !gk_kda_gate(dg, ddt, dA, T, H, hd, lb) && !gk_kda_recur(dS, dqkv, dg, dbl, T, H, hd, dO) &&
+  gk_lstate ls = {{0}};
+  ls.p[GK_ST_CONV] = dcs;
+  ls.p[GK_ST_S] = dS;
+  gk_batch b = one_seg(&d, &ls, T, 0);
+  if (!d.bad && !gk_kda_conv(draw, &b, dcw, T, ch, K, dqkv) && !gk_kda_prep(dqkv, T, H, hd, qs) &&
+      !gk_kda_gate(dg, ddt, dA, T, H, hd, lb) && !gk_kda_recur(&b, dqkv, dg, dbl, T, H, hd, dO) &&
       !gk_kda_out(dO, dz, dow, T, H, hd, 1e-5f) && !gk_d2h(go, dO, (size_t)T * inner * 4) &&
       !gk_d2h(gS, dS, (size_t)H * hd * hd * 4) && !gk_d2h(gcs, dcs, (size_t)(K - 1) * ch * 4)) {
     e1 = relerr(go, o, (size_t)T * inner);
@@ -274,12 +293,14 @@ static void check_indexer(srng *r, gpu_check *out, int max, int *k) {
   int gden[8], gnp[8], gtail[8], gpl[8 * 4];
   double e1 = INFINITY, e2 = INFINITY, mism = 1;
   /* two chunks: pools closed before pos0, then the chunk's own */
-  const int zero = 0, p0 = pos0;
-  int *dzero = dput(&d, &zero, 4), *dp0 = dput(&d, &p0, 4);
-  if (!d.bad && !gk_pool_keys(dik, dis, dape, dzero, pos0, P, hd, dpool_) &&
-      !gk_pool_keys(dik, dis, dape, dp0, T, P, hd, dpool_) &&
-      !gk_indexer_scores(dq, dw, dpool_, T, dp0, P, nh, hd, K, maxpool, dsc) &&
-      !gk_select(dsc, T, dp0, P, K, maxpool, 1, dden, dnp, dtail, dpl) && !gk_d2h(gpool, dpool_, (size_t)(ctx / P) * hd * 4) &&
+  gk_lstate ls = {{0}};
+  ls.p[GK_ST_IK] = dik;
+  ls.p[GK_ST_IS] = dis;
+  ls.p[GK_ST_POOL] = dpool_;
+  gk_batch b0 = one_seg(&d, &ls, pos0, 0), b1 = one_seg(&d, &ls, T, pos0);
+  if (!d.bad && !gk_pool_keys(&b0, dape, P, hd) && !gk_pool_keys(&b1, dape, P, hd) &&
+      !gk_indexer_scores(dq, dw, &b1, T, P, nh, hd, K, maxpool, dsc) &&
+      !gk_select(dsc, &b1, T, P, K, maxpool, 1, dden, dnp, dtail, dpl) && !gk_d2h(gpool, dpool_, (size_t)(ctx / P) * hd * 4) &&
       !gk_d2h(gscore, dsc, (size_t)T * maxpool * 4) && !gk_d2h(gden, dden, T * 4) && !gk_d2h(gnp, dnp, T * 4) &&
       !gk_d2h(gtail, dtail, T * 4) && !gk_d2h(gpl, dpl, T * K * 4)) {
     e1 = relerr(gpool, pool, (size_t)(ctx / P) * hd);
@@ -352,13 +373,14 @@ static void check_attn(srng *r, gpu_check *out, int max, int *k) {
   float *dqt = dput(&d, NULL, (size_t)T * H * kl * 4), *dob = dput(&d, NULL, (size_t)T * H * kl * 4);
   float *dpart = dput(&d, NULL, (size_t)T * H * 8 * (kl + 2) * 4);
   int *dd = dput(&d, dense, 8), *dn = dput(&d, np, 8), *dt = dput(&d, tail, 8), *dp = dput(&d, pools, sizeof pools);
-  const int p0 = pos0;
-  int *dp0 = dput(&d, &p0, 4);
+  gk_lstate ls = {{0}};
+  ls.p[GK_ST_LATENT] = dl;
+  gk_batch b = one_seg(&d, &ls, T, pos0);
   double e = INFINITY, e2 = INFINITY;
   for (int split = 0; split < 2; split++) { /* one block per (t, h), then chunks of 4 tokens merged */
     int chunk = split ? 4 : 0, ns = split ? 8 : 1;
     if (!d.bad && !hrc && !gk_matmul_heads(hs.uk_h, hs.uk_d, H, dq, T, nope, dqt, kl) &&
-        !gk_mla_attn(dqt, dl, dd, dn, dt, dp, T, dp0, H, kl, P, K, (float)scale, chunk, ns, dpart, dob) &&
+        !gk_mla_attn(dqt, &b, dd, dn, dt, dp, T, H, kl, P, K, (float)scale, chunk, ns, dpart, dob) &&
         !gk_matmul_heads(hs.uv_h, hs.uv_d, H, dob, T, kl, dO, vd) && !gk_d2h(got, dO, (size_t)T * H * vd * 4))
       *(split ? &e2 : &e) = relerr(got, ref, (size_t)T * H * vd);
   }

@@ -83,11 +83,18 @@ int glm53_forward(glm53_session *s, const int32_t *tokens, int T, float *logits,
 
 int glm53_forward_batch(glm53_session **ss, const int32_t *tokens, int n, float *logits) {
   if (n <= 0) return glm53_err("forward_batch: empty batch");
+  if (!ss || !tokens || !logits) return glm53_err("forward_batch: NULL sessions, tokens or logits");
+  for (int i = 0; i < n; i++)
+    if (!ss[i]) return glm53_err("forward_batch: batch row %d has no session", i);
   const glm53_backend *b = ss[0]->backend;
   const int V = ss[0]->m->cfg.vocab_size;
   int same = 1;
   for (int i = 0; i < n; i++) {
     glm53_session *s = ss[i];
+    /* logits rows are V apart: a model with another vocabulary would
+     * overflow (or misalign) them */
+    if (s->m->cfg.vocab_size != V)
+      return glm53_err("forward_batch: batch row %d's model has a vocabulary of %d, row 0's of %d", i, s->m->cfg.vocab_size, V);
     if (s->pos + 1 > s->max_ctx)
       return glm53_err("batch row %d: context of %d tokens is full", i, s->max_ctx);
     if (tokens[i] < 0 || tokens[i] >= V)

@@ -87,37 +87,64 @@ int gk_mhc_post(float *X, const float *a, const float *post, const float *comb, 
 /* mean over streams + final rmsnorm for rows [first, T) */
 int gk_final_norm(const float *X, const float *w, int first, int T, int hc, int D, float eps, float *h);
 
+/* ---- per-sequence state: the batch table ----
+ * Kernels that read or write a sequence's state (KDA conv + recurrent
+ * state, MLA latent cache, indexer keys / gate logits / pooled keys) or need
+ * a token's position take a gk_batch: the tokens of one launch form nseg
+ * segments, segment s = tokens [t0, t0 + len) of one sequence at positions
+ * pos0 .. pos0 + len - 1, whose per-layer states are ls[layer]. A prefill
+ * chunk or a single-session decode step is one segment; a batched decode
+ * step is n segments of one token. The tables live on the device (uploaded
+ * with the tokens, one copy per forward), so a launch does not depend on
+ * positions or on which sessions are batched (CUDA graph replay). */
+enum { GK_ST_CONV, GK_ST_S, GK_ST_LATENT, GK_ST_IK, GK_ST_IS, GK_ST_POOL, GK_ST_N };
+typedef struct { float *p[GK_ST_N]; } gk_lstate; /* one layer of one sequence (NULL where the layer has none) */
+typedef struct {
+  const gk_lstate *ls; /* device array [layers] */
+  int t0, len, pos0, pad_;
+} gk_seg;
+typedef struct {
+  const gk_seg *seg; /* device [nseg] */
+  const int *tseg;   /* device [T]: the segment of each token */
+  int nseg, maxlen;  /* host-known: segment count, longest segment (grid sizes) */
+  int layer;         /* which ls[] entry the launch uses */
+} gk_batch;
+
 /* ---- KDA ---- */
-int gk_kda_conv(const float *raw, float *conv_state, const float *w, int T, int ch, int K, float *qkv);
+/* depthwise causal conv + SiLU over each segment's tokens, continuing from
+ * and then updating its conv state (ls[layer].p[GK_ST_CONV]) */
+int gk_kda_conv(const float *raw, const gk_batch *b, const float *w, int T, int ch, int K, float *qkv);
 int gk_kda_prep(float *qkv, int T, int H, int hd, float qscale);          /* l2norm q,k (+ scale q) */
 int gk_kda_gate(float *g, const float *dt_bias, const float *A_log, int T, int H, int hd, float lower_bound);
-/* S: [H][dv][dk] (column-major per head); beta_logit [T][H]; o [T][H*dv] */
-int gk_kda_recur(float *S, const float *qkv, const float *g, const float *beta_logit, int T, int H, int hd, float *o);
+/* state GK_ST_S: [H][dv][dk] (column-major per head); beta_logit [T][H];
+ * o [T][H*dv]; each segment's tokens in order through its own state */
+int gk_kda_recur(const gk_batch *b, const float *qkv, const float *g, const float *beta_logit, int T, int H, int hd, float *o);
 int gk_kda_out(float *o, const float *z, const float *w, int T, int H, int hd, float eps);
 
 /* ---- MLA + DSA indexer ---- */
-/* The position of a chunk's first token (pos0) is read on the device from
- * *dpos, so that a decode step's launches do not depend on the position
- * (CUDA graph replay). */
-int gk_store_at(float *base, const int *dpos, int stride, const float *src, int T, int n);
-/* pooled keys of the pools the chunk [pos0, pos0+T) completes */
-int gk_pool_keys(const float *ik, const float *is, const float *ape, const int *dpos, int T, int P, int hd, float *pool);
-int gk_indexer_scores(const float *q, const float *w, const float *pool, int T, const int *dpos, int P, int nh, int hd,
-                      int K, int maxpool, float *score);
+/* state `which` of the token's sequence, row (position) * stride + i = src[t * n + i] */
+int gk_store_at(const gk_batch *b, int which, int stride, const float *src, int T, int n);
+/* pooled keys (GK_ST_POOL) of the pools each segment completes, from GK_ST_IK / GK_ST_IS */
+int gk_pool_keys(const gk_batch *b, const float *ape, int P, int hd);
+/* score [T][maxpool]: maxpool bounds every sequence's pool count */
+int gk_indexer_scores(const float *q, const float *w, const gk_batch *b, int T, int P, int nh, int hd, int K, int maxpool,
+                      float *score);
 /* selection per query: dense[T], npools[T], tail[T], pools[T][K] */
-int gk_select(const float *score, int T, const int *dpos, int P, int K, int maxpool, int always_tail, int *dense,
+int gk_select(const float *score, const gk_batch *b, int T, int P, int K, int maxpool, int always_tail, int *dense,
               int *npools, int *tail, int *pools);
-/* Attention core over the latent cache: qt [T][H][kl] (queries absorbed
+/* Attention core over each token's latent cache (GK_ST_LATENT): qt [T][H][kl] (queries absorbed
  * through W_UK) -> ob [T][H][kl] (softmax-weighted latent sums). With
  * chunk > 0 each (t, h) is split into blocks of `chunk` selected tokens
- * (flash-decoding; part holds T*H*ceil(maxN/chunk)*(kl+2) floats) and merged
- * in chunk order, so a token's result depends on its position only. */
-int gk_mla_attn(const float *qt, const float *latent, const int *dense, const int *npools, const int *tail,
-                const int *pools, int T, const int *dpos, int H, int kl, int P, int K, float scale, int chunk, int nsplit,
-                float *part, float *ob);
+ * (flash-decoding; part holds T*H*nsplit*(kl+2) floats) and merged
+ * in chunk order, so a token's result depends on its position only (not on
+ * nsplit, as long as nsplit*chunk covers its selection). */
+int gk_mla_attn(const float *qt, const gk_batch *b, const int *dense, const int *npools, const int *tail, const int *pools,
+                int T, int H, int kl, int P, int K, float scale, int chunk, int nsplit, float *part, float *ob);
 /* The same attention for long chunks through fp32 cuBLAS GEMMs
  * (gk_mla_gemm.cu): all heads of a token share its selected rows. pos0: the
- * chunk's first position (host copy of *dpos). 0, -1 on error, or 1 when
+ * chunk's first position (host copy of *dpos). One sequence: latent is its
+ * cache, dpos its pos0 on the device (in a forward: &seg[0].pos0 of the
+ * batch table). 0, -1 on error, or 1 when
  * not available in this build (no BLAS): use gk_mla_attn then. */
 int gk_mla_attn_gemm(const float *qt, const float *latent, const int *dense, const int *npools, const int *tail,
                      const int *pools, int T, const int *dpos, int pos0, int H, int kl, int P, int K, float scale, float *ob);

@@ -12,6 +12,18 @@
 #define MLA_MAXC (KL_MAX / 32)
 #define E_MAX 512    /* routed experts bound of gk_moe_route */
 
+/* batch table lookups (gk.h gk_batch) */
+__device__ __forceinline__ float *bst(const gk_batch &b, int s, int which) { return b.seg[s].ls[b.layer].p[which]; }
+__device__ __forceinline__ int bpos(const gk_batch &b, int t, int *seg) {
+  int s = b.tseg[t];
+  if (seg) *seg = s;
+  return b.seg[s].pos0 + t - b.seg[s].t0;
+}
+static int batch_ok(const gk_batch *b, const char *what) {
+  if (b->nseg < 1 || b->nseg > 65535 || b->maxlen < 1) return gk_fail("%s: bad batch (%d segments, longest %d)", what, b->nseg, b->maxlen);
+  return 0;
+}
+
 /* ---- embedding ---- */
 __global__ void embed_k(gpu_mat E, const int32_t *tok, int T, int hc, float *X) {
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
@@ -197,31 +209,37 @@ extern "C" int gk_final_norm(const float *X, const float *w, int first, int T, i
 }
 
 /* ---- KDA (kda.c kda_forward / kda_step) ---- */
-__global__ void kda_conv_k(const float *raw, const float *st, const float *w, int T, int ch, int K, float *qkv) {
+__global__ void kda_conv_k(const float *raw, gk_batch b, const float *w, int T, int ch, int K, float *qkv) {
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
   if (i >= (size_t)T * ch) return;
-  int t = (int)(i / ch), j = (int)(i % ch);
+  int t = (int)(i / ch), j = (int)(i % ch), sg = b.tseg[t], t0 = b.seg[sg].t0;
+  const float *st = bst(b, sg, GK_ST_CONV);
   float acc = 0;
   for (int tau = 0; tau < K; tau++) {
-    int src = t - (K - 1) + tau;
-    float x = src >= 0 ? raw[(size_t)src * ch + j] : st[(size_t)(K - 1 + src) * ch + j];
+    int src = t - t0 - (K - 1) + tau; /* within the segment */
+    float x = src >= 0 ? raw[(size_t)(t0 + src) * ch + j] : st[(size_t)(K - 1 + src) * ch + j];
     acc += w[(size_t)j * K + tau] * x;
   }
   qkv[i] = acc / (1.0f + expf(-acc));
 }
 /* new state = last K-1 rows of [state | raw]; one thread per channel, rows in
  * ascending order so a shift within the state reads before it writes */
-__global__ void kda_conv_state_k(const float *raw, float *st, int T, int ch, int K) {
+__global__ void kda_conv_state_k(const float *raw0, gk_batch b, int ch, int K) {
   int j = blockIdx.x * blockDim.x + threadIdx.x;
   if (j >= ch) return;
+  const gk_seg sg = b.seg[blockIdx.y];
+  const int T = sg.len;
+  const float *raw = raw0 + (size_t)sg.t0 * ch;
+  float *st = sg.ls[b.layer].p[GK_ST_CONV];
   for (int s = 0; s < K - 1; s++) {
     int src = T - (K - 1) + s;
     st[(size_t)s * ch + j] = src >= 0 ? raw[(size_t)src * ch + j] : st[(size_t)(K - 1 + src) * ch + j];
   }
 }
-extern "C" int gk_kda_conv(const float *raw, float *conv_state, const float *w, int T, int ch, int K, float *qkv) {
-  kda_conv_k<<<gk_blocks((size_t)T * ch, 256), 256>>>(raw, conv_state, w, T, ch, K, qkv);
-  kda_conv_state_k<<<gk_blocks(ch, 256), 256>>>(raw, conv_state, T, ch, K);
+extern "C" int gk_kda_conv(const float *raw, const gk_batch *b, const float *w, int T, int ch, int K, float *qkv) {
+  if (batch_ok(b, "kda_conv")) return -1;
+  kda_conv_k<<<gk_blocks((size_t)T * ch, 256), 256>>>(raw, *b, w, T, ch, K, qkv);
+  kda_conv_state_k<<<dim3(gk_blocks(ch, 256), b->nseg), 256>>>(raw, *b, ch, K);
   return GK_LAUNCHED("kda_conv");
 }
 
@@ -263,11 +281,14 @@ extern "C" int gk_kda_gate(float *g, const float *dt_bias, const float *A_log, i
  * S[i][j] for i = lane + 32m. State layout [H][dv][dk] keeps the lanes'
  * loads contiguous. grid (H, ceil(hd/8)), 256 threads. */
 #define KDA_MAXM 8 /* head dim <= 256 */
-__global__ void __launch_bounds__(256) kda_recur_k(float *S, const float *qkv, const float *g, const float *bl, int T,
+__global__ void __launch_bounds__(256) kda_recur_k(gk_batch b, const float *qkv, const float *g, const float *bl,
                                                     int H, int hd, float *o) {
   extern __shared__ float kda_sh[]; /* q[hd], k[hd], a[hd] */
   float *qs = kda_sh, *ks = qs + hd, *as = ks + hd;
   const int h = blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31, j = blockIdx.y * 8 + w;
+  const gk_seg sg = b.seg[blockIdx.z];
+  const int t0 = sg.t0, T = t0 + sg.len;
+  float *S = sg.ls[b.layer].p[GK_ST_S];
   const int inner = H * hd;
   const bool act = j < hd;
   float s[KDA_MAXM];
@@ -277,7 +298,7 @@ __global__ void __launch_bounds__(256) kda_recur_k(float *S, const float *qkv, c
     int i = lane + 32 * m;
     s[m] = (act && i < hd) ? Sj[i] : 0.f;
   }
-  for (int t = 0; t < T; t++) {
+  for (int t = t0; t < T; t++) {
     const float *row = qkv + (size_t)t * 3 * inner;
     __syncthreads();
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
@@ -318,10 +339,13 @@ __global__ void __launch_bounds__(256) kda_recur_k(float *S, const float *qkv, c
     }
   }
 }
-extern "C" int gk_kda_recur(float *S, const float *qkv, const float *g, const float *beta_logit, int T, int H, int hd, float *o) {
+extern "C" int gk_kda_recur(const gk_batch *b, const float *qkv, const float *g, const float *beta_logit, int T, int H,
+                            int hd, float *o) {
   if (hd > 32 * KDA_MAXM) return gk_fail("kda: head dim %d above %d", hd, 32 * KDA_MAXM);
-  dim3 grid(H, gk_blocks(hd, 8));
-  kda_recur_k<<<grid, 256, 3 * hd * sizeof(float)>>>(S, qkv, g, beta_logit, T, H, hd, o);
+  if (batch_ok(b, "kda_recur")) return -1;
+  (void)T;
+  dim3 grid(H, gk_blocks(hd, 8), b->nseg);
+  kda_recur_k<<<grid, 256, 3 * hd * sizeof(float)>>>(*b, qkv, g, beta_logit, H, hd, o);
   return GK_LAUNCHED("kda_recur");
 }
 
@@ -342,10 +366,13 @@ extern "C" int gk_kda_out(float *o, const float *z, const float *w, int T, int H
 }
 
 /* ---- DSA indexer (mla.c pool_key / indexer_scores / topk_pools) ---- */
-__global__ void pool_keys_k(const float *ik, const float *is, const float *ape, const int *dpos, int T, int P, int hd,
-                            float *pool) {
+__global__ void pool_keys_k(gk_batch b, const float *ape, int P, int hd) {
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-  const int pos0 = *dpos, p_lo = pos0 / P, p_hi = (pos0 + T) / P; /* pools this chunk completes */
+  const gk_seg sg = b.seg[blockIdx.y];
+  const gk_lstate &st = sg.ls[b.layer];
+  const float *ik = st.p[GK_ST_IK], *is = st.p[GK_ST_IS];
+  float *pool = st.p[GK_ST_POOL];
+  const int pos0 = sg.pos0, p_lo = pos0 / P, p_hi = (pos0 + sg.len) / P; /* pools this segment completes */
   if (i >= (size_t)(p_hi - p_lo) * hd) return;
   int p = p_lo + (int)(i / hd), c = (int)(i % hd);
   float l[64], mx = -INFINITY;
@@ -358,19 +385,21 @@ __global__ void pool_keys_k(const float *ik, const float *is, const float *ape, 
   for (int m = 0; m < P; m++) acc += expf(l[m] - mx) / z * ik[(size_t)(p * P + m) * hd + c];
   pool[(size_t)p * hd + c] = acc;
 }
-extern "C" int gk_pool_keys(const float *ik, const float *is, const float *ape, const int *dpos, int T, int P, int hd,
-                            float *pool) {
+extern "C" int gk_pool_keys(const gk_batch *b, const float *ape, int P, int hd) {
   if (P > 64) return gk_fail("indexer: kpool %d above 64", P);
-  pool_keys_k<<<gk_blocks((size_t)(T / P + 1) * hd, 256), 256>>>(ik, is, ape, dpos, T, P, hd, pool);
+  if (batch_ok(b, "pool_keys")) return -1;
+  pool_keys_k<<<dim3(gk_blocks((size_t)(b->maxlen / P + 1) * hd, 256), b->nseg), 256>>>(*b, ape, P, hd);
   return GK_LAUNCHED("pool_keys");
 }
 
 /* grid (T, ceil(maxpool/64)); a warp scores 8 pools; only queries that see
  * more than K complete pools need scores */
-__global__ void idx_scores_k(const float *q, const float *w, const float *pool, const int *dpos, int P, int nh, int hd,
-                             int K, int maxpool, float *score) {
+__global__ void idx_scores_k(const float *q, const float *w, gk_batch b, int P, int nh, int hd, int K, int maxpool,
+                             float *score) {
   extern __shared__ float qsh[]; /* nh*hd */
-  const int t = blockIdx.x, n = (*dpos + t + 1) / P;
+  int sg;
+  const int t = blockIdx.x, n = (bpos(b, t, &sg) + 1) / P;
+  const float *pool = bst(b, sg, GK_ST_POOL);
   if (n <= K || blockIdx.y * 64 >= n) return;
   for (int i = threadIdx.x; i < nh * hd; i += blockDim.x) qsh[i] = q[(size_t)t * nh * hd + i];
   __syncthreads();
@@ -390,10 +419,11 @@ __global__ void idx_scores_k(const float *q, const float *w, const float *pool, 
     if (lane == 0) score[(size_t)t * maxpool + p] = acc;
   }
 }
-extern "C" int gk_indexer_scores(const float *q, const float *w, const float *pool, int T, const int *dpos, int P, int nh,
-                                 int hd, int K, int maxpool, float *score) {
+extern "C" int gk_indexer_scores(const float *q, const float *w, const gk_batch *b, int T, int P, int nh, int hd, int K,
+                                 int maxpool, float *score) {
+  if (batch_ok(b, "indexer_scores")) return -1;
   dim3 grid(T, gk_blocks(maxpool, 64));
-  idx_scores_k<<<grid, 256, (size_t)nh * hd * sizeof(float)>>>(q, w, pool, dpos, P, nh, hd, K, maxpool, score);
+  idx_scores_k<<<grid, 256, (size_t)nh * hd * sizeof(float)>>>(q, w, *b, P, nh, hd, K, maxpool, score);
   return GK_LAUNCHED("indexer_scores");
 }
 
@@ -405,9 +435,9 @@ __device__ __forceinline__ bool pool_before(float a, int ia, float b, int ib) {
 /* top-K by rank: pool p's rank is the number of pools ordered before it
  * (score desc, index asc); the K lowest ranks are written at their rank, the
  * order topk_pools produces */
-__global__ void select_k(const float *score, const int *dpos, int P, int K, int maxpool, int always_tail, int *dense,
+__global__ void select_k(const float *score, gk_batch b, int P, int K, int maxpool, int always_tail, int *dense,
                          int *npools, int *tail, int *pools) {
-  const int t = blockIdx.x, pos = *dpos + t, n = (pos + 1) / P;
+  const int t = blockIdx.x, pos = bpos(b, t, NULL), n = (pos + 1) / P;
   int *pl = pools + (size_t)t * K;
   const float *sc = score + (size_t)t * maxpool;
   if (n <= K) {
@@ -426,9 +456,10 @@ __global__ void select_k(const float *score, const int *dpos, int P, int K, int 
     tail[t] = always_tail ? n * P : pos + 1;
   }
 }
-extern "C" int gk_select(const float *score, int T, const int *dpos, int P, int K, int maxpool, int always_tail, int *dense,
+extern "C" int gk_select(const float *score, const gk_batch *b, int T, int P, int K, int maxpool, int always_tail, int *dense,
                          int *npools, int *tail, int *pools) {
-  select_k<<<T, 256>>>(score, dpos, P, K, maxpool, always_tail, dense, npools, tail, pools);
+  if (batch_ok(b, "select")) return -1;
+  select_k<<<T, 256>>>(score, *b, P, K, maxpool, always_tail, dense, npools, tail, pools);
   return GK_LAUNCHED("select");
 }
 
@@ -440,12 +471,14 @@ extern "C" int gk_select(const float *score, int T, const int *dpos, int P, int 
 __device__ __forceinline__ int sel_count(int isd, int np, int tb, int pos, int P) {
   return isd ? pos + 1 : np * P + max(0, pos - tb + 1);
 }
-__global__ void __launch_bounds__(256) mla_attn_k(const float *qtg, const float *latent, const int *dense,
-                                                   const int *npools, const int *tail, const int *pools, const int *dpos,
+__global__ void __launch_bounds__(256) mla_attn_k(const float *qtg, gk_batch b, const int *dense,
+                                                   const int *npools, const int *tail, const int *pools,
                                                    int H, int kl, int P, int K, float scale, int chunk, int nsplit,
                                                    float *part, float *ob) {
   __shared__ float qt[KL_MAX], wacc[8][KL_MAX], wm[8], wz[8];
-  const int t = blockIdx.x, h = blockIdx.y, sp = blockIdx.z, w = threadIdx.x >> 5, lane = threadIdx.x & 31, pos = *dpos + t;
+  int sg;
+  const int t = blockIdx.x, h = blockIdx.y, sp = blockIdx.z, w = threadIdx.x >> 5, lane = threadIdx.x & 31, pos = bpos(b, t, &sg);
+  const float *latent = bst(b, sg, GK_ST_LATENT);
   const size_t th = (size_t)t * H + h;
   for (int j = threadIdx.x; j < kl; j += blockDim.x) qt[j] = qtg[th * kl + j];
   __syncthreads();
@@ -523,26 +556,30 @@ __global__ void mla_merge_k(const float *part, int nsplit, int kl, float *ob) {
     ob[th * kl + j] = Z > 0 ? a / Z : 0.f;
   }
 }
-extern "C" int gk_mla_attn(const float *qt, const float *latent, const int *dense, const int *npools, const int *tail,
-                           const int *pools, int T, const int *dpos, int H, int kl, int P, int K, float scale, int chunk,
-                           int nsplit, float *part, float *ob) {
+extern "C" int gk_mla_attn(const float *qt, const gk_batch *b, const int *dense, const int *npools, const int *tail,
+                           const int *pools, int T, int H, int kl, int P, int K, float scale, int chunk, int nsplit,
+                           float *part, float *ob) {
   if (kl > KL_MAX) return gk_fail("mla: kv_lora_rank %d above %d", kl, KL_MAX);
+  if (batch_ok(b, "mla_attn")) return -1;
   if (chunk <= 0) nsplit = 1;
   dim3 grid(T, H, nsplit);
-  mla_attn_k<<<grid, 256>>>(qt, latent, dense, npools, tail, pools, dpos, H, kl, P, K, scale, chunk, nsplit, part, ob);
+  mla_attn_k<<<grid, 256>>>(qt, *b, dense, npools, tail, pools, H, kl, P, K, scale, chunk, nsplit, part, ob);
   if (nsplit > 1) mla_merge_k<<<T * H, 256>>>(part, nsplit, kl, ob);
   return GK_LAUNCHED("mla_attn");
 }
 
-/* base[(pos0 + t) * stride + i] = src[t * n + i], pos0 read on the device */
-__global__ void store_at_k(float *base, const int *dpos, int stride, const float *src, int T, int n) {
+/* state[pos(t) * stride + i] = src[t * n + i], the token's sequence and
+ * position read from the batch table on the device */
+__global__ void store_at_k(gk_batch b, int which, int stride, const float *src, int T, int n) {
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
   if (i >= (size_t)T * n) return;
-  size_t t = i / n, c = i % n;
-  base[((size_t)*dpos + t) * stride + c] = src[i];
+  int t = (int)(i / n), sg;
+  size_t c = i % n, pos = (size_t)bpos(b, t, &sg);
+  bst(b, sg, which)[pos * stride + c] = src[i];
 }
-extern "C" int gk_store_at(float *base, const int *dpos, int stride, const float *src, int T, int n) {
-  store_at_k<<<gk_blocks((size_t)T * n, 256), 256>>>(base, dpos, stride, src, T, n);
+extern "C" int gk_store_at(const gk_batch *b, int which, int stride, const float *src, int T, int n) {
+  if (batch_ok(b, "store_at")) return -1;
+  store_at_k<<<gk_blocks((size_t)T * n, 256), 256>>>(*b, which, stride, src, T, n);
   return GK_LAUNCHED("store_at");
 }
 
