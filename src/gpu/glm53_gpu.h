@@ -40,6 +40,7 @@ typedef struct {
   char name[48];
   double err, tol; /* max |gpu - ref| / max |ref| (or mismatches for exact checks) */
   int ok;
+  int optional; /* a faster path with a fallback: failing turns the path off instead of the backend */
 } gpu_check;
 /* Runs every check with `seed`; fills up to max entries; returns the number
  * of checks run (failures have ok == 0), or -1 on a device error. */

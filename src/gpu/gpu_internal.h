@@ -17,6 +17,9 @@ typedef struct {
 } gpu_mla_heads;
 int gpu_build_mla_heads(const wmat *w, const gpu_mat *dkvb, int H, int nope, int vd, void *(*alloc)(void *ctx, size_t n),
                         void *ctx, gpu_mla_heads *out);
+/* name of the startup check of gk_mla_attn_gemm (optional: a failure turns
+ * the GEMM form off, the per-head kernel remains) */
+#define GPU_CHECK_MLA_GEMM "mla attention, GEMM form (prefix+gather)"
 /* flash-decoding split of the MLA attention for a launch whose longest
  * segment (one sequence's run of tokens) has T tokens, over sequences of at
  * most max_ctx tokens: chunk size (0 = no split: T >= gk_gemm_min()) and the

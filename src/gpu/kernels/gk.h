@@ -140,6 +140,9 @@ int gk_select(const float *score, const gk_batch *b, int T, int P, int K, int ma
  * nsplit, as long as nsplit*chunk covers its selection). */
 int gk_mla_attn(const float *qt, const gk_batch *b, const int *dense, const int *npools, const int *tail, const int *pools,
                 int T, int H, int kl, int P, int K, float scale, int chunk, int nsplit, float *part, float *ob);
+/* 1: the core shares each tile of latent rows between 16 heads (default);
+ * 0: one block per (token, head) (also GLM53_GPU_MLA=head). Bench use. */
+void gk_set_mla_kernel(int hs);
 /* The same attention for long chunks through fp32 cuBLAS GEMMs
  * (gk_mla_gemm.cu): all heads of a token share its selected rows. pos0: the
  * chunk's first position (host copy of *dpos). One sequence: latent is its

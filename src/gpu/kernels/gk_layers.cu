@@ -6,6 +6,8 @@
  * orders keep results bitwise reproducible and independent of how many tokens
  * share a launch. */
 #include "gk_common.cuh"
+#include <stdlib.h>
+#include <string.h>
 
 #define MAX_HC 16
 #define KL_MAX 512   /* kv_lora_rank bound of gk_mla_attn */
@@ -556,14 +558,124 @@ __global__ void mla_merge_k(const float *part, int nsplit, int kl, float *ob) {
     ob[th * kl + j] = Z > 0 ? a / Z : 0.f;
   }
 }
+/* ---- MLA attention core, heads sharing the latent rows ----
+ * All heads of a token attend over the same selected latent rows, so one
+ * block takes HS_HG heads of a token (and one split of its rows): tiles of
+ * HS_R rows are gathered once into shared memory and used by every head
+ * (the per-head form read each row once per head: 64 times per token).
+ * Thread (hh, r) = (tid / 16, tid % 16) scores row r of the tile for head
+ * hh, then owns the output columns r, r + 16, ... of head hh; the running
+ * max and sum of a head are kept identically by its 16 threads. grid (T,
+ * ceil(H / HS_HG), nsplit), 256 threads; records as mla_attn_k writes them
+ * (mla_merge_k combines several splits). */
+#define HS_HG 16
+#define HS_R 16
+#define HS_COLS (KL_MAX / 16)
+static size_t hs_smem(int kl) { return ((size_t)HS_HG * kl + (size_t)HS_R * (kl + 4) + HS_HG * HS_R) * sizeof(float); }
+__global__ void __launch_bounds__(256) mla_hs_k(const float *qtg, gk_batch b, const int *dense, const int *npools,
+                                                 const int *tail, const int *pools, int H, int kl, int P, int K, float scale,
+                                                 int chunk, int nsplit, float *part, float *ob) {
+  extern __shared__ float hs_sh[];
+  const int ldl = kl + 4; /* row padding: the 16 rows a warp scores start in different banks */
+  float *qs = hs_sh, *ls = qs + HS_HG * kl, *ps = ls + HS_R * ldl;
+  int sg;
+  const int t = blockIdx.x, h0 = blockIdx.y * HS_HG, sp = blockIdx.z, pos = bpos(b, t, &sg);
+  const int tid = threadIdx.x, hh = tid >> 4, r = tid & 15, nh = min(HS_HG, H - h0), kq = kl / 4;
+  const float *latent = bst(b, sg, GK_ST_LATENT);
+  for (int i = tid; i < HS_HG * kl; i += blockDim.x) {
+    int a = i / kl;
+    qs[i] = a < nh ? qtg[((size_t)t * H + h0) * kl + i] : 0.f;
+  }
+  const int isd = dense[t], np = npools[t], tb = tail[t];
+  const int N = sel_count(isd, np, tb, pos, P);
+  const int s0 = chunk > 0 ? sp * chunk : 0, s1 = chunk > 0 ? min(N, s0 + chunk) : N;
+  const int *pl = pools + (size_t)t * K;
+  float m = -INFINITY, z = 0, acc[HS_COLS];
+#pragma unroll
+  for (int j = 0; j < HS_COLS; j++) acc[j] = 0.f;
+  for (int base = s0; base < s1; base += HS_R) {
+    __syncthreads(); /* the previous tile is consumed (and q is loaded) */
+    for (int i = tid; i < HS_R * kq; i += blockDim.x) {
+      int rr = i / kq, c4 = i % kq, s = base + rr;
+      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (s < s1) {
+        int tok = isd ? s : (s < np * P ? pl[s / P] * P + s % P : tb + s - np * P);
+        v = ((const float4 *)(latent + (size_t)tok * kl))[c4];
+      }
+      *(float4 *)(ls + rr * ldl + 4 * c4) = v;
+    }
+    __syncthreads();
+    const float4 *qa = (const float4 *)(qs + hh * kl), *la = (const float4 *)(ls + r * ldl);
+    float d = 0;
+    for (int c4 = 0; c4 < kq; c4++) {
+      float4 x = qa[c4], y = la[c4];
+      d = fmaf(x.x, y.x, d); d = fmaf(x.y, y.y, d); d = fmaf(x.z, y.z, d); d = fmaf(x.w, y.w, d);
+    }
+    const float sc = base + r < s1 ? d * scale : -INFINITY;
+    float mt = sc;
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, o)); /* the 16 lanes of head hh */
+    const float mn = fmaxf(m, mt); /* finite: row base < s1 is valid */
+    const float f = expf(m - mn), p = base + r < s1 ? expf(sc - mn) : 0.f;
+    float ssum = p;
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) ssum += __shfl_xor_sync(0xffffffffu, ssum, o);
+    z = z * f + ssum;
+    m = mn;
+    ps[hh * HS_R + r] = p;
+    __syncwarp(); /* a head's 16 threads share a warp */
+#pragma unroll
+    for (int j = 0; j < HS_COLS; j++) acc[j] *= f;
+    for (int rr = 0; rr < HS_R; rr++) {
+      const float pr = ps[hh * HS_R + rr], *lr = ls + rr * ldl;
+#pragma unroll
+      for (int j = 0; j < HS_COLS; j++) {
+        int c = r + 16 * j;
+        if (c < kl) acc[j] = fmaf(pr, lr[c], acc[j]);
+      }
+    }
+    __syncwarp();
+  }
+  if (hh >= nh) return;
+  const size_t th = (size_t)t * H + h0 + hh;
+  float *rec = nsplit > 1 ? part + (th * nsplit + sp) * (size_t)(kl + 2) : NULL;
+  if (rec && r == 0) { rec[0] = m; rec[1] = z; }
+#pragma unroll
+  for (int j = 0; j < HS_COLS; j++) {
+    int c = r + 16 * j;
+    if (c >= kl) break;
+    if (rec) rec[2 + c] = acc[j];
+    else ob[th * kl + c] = z > 0 ? acc[j] / z : 0.f;
+  }
+}
+
+/* which core: the head-sharing kernel (default) or the per-head one
+ * (GLM53_GPU_MLA=head, or kl not a multiple of 4) */
+static int g_mla_hs = -1;
+extern "C" void gk_set_mla_kernel(int hs) { g_mla_hs = hs ? 1 : 0; }
+static int mla_hs_on(int kl) {
+  if (g_mla_hs < 0) g_mla_hs = !(getenv("GLM53_GPU_MLA") && !strcmp(getenv("GLM53_GPU_MLA"), "head"));
+  return g_mla_hs && kl % 4 == 0;
+}
+
 extern "C" int gk_mla_attn(const float *qt, const gk_batch *b, const int *dense, const int *npools, const int *tail,
                            const int *pools, int T, int H, int kl, int P, int K, float scale, int chunk, int nsplit,
                            float *part, float *ob) {
   if (kl > KL_MAX) return gk_fail("mla: kv_lora_rank %d above %d", kl, KL_MAX);
   if (batch_ok(b, "mla_attn")) return -1;
   if (chunk <= 0) nsplit = 1;
-  dim3 grid(T, H, nsplit);
-  mla_attn_k<<<grid, 256>>>(qt, *b, dense, npools, tail, pools, H, kl, P, K, scale, chunk, nsplit, part, ob);
+  if (mla_hs_on(kl)) {
+    static int attr;
+    if (!attr) { /* more than the 48 KB default of dynamic shared memory */
+      GK_TRY(cudaFuncSetAttribute(mla_hs_k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)hs_smem(KL_MAX)));
+      attr = 1;
+    }
+    dim3 grid(T, (H + HS_HG - 1) / HS_HG, nsplit);
+    mla_hs_k<<<grid, 256, hs_smem(kl)>>>(qt, *b, dense, npools, tail, pools, H, kl, P, K, scale, chunk, nsplit, part, ob);
+  } else {
+    dim3 grid(T, H, nsplit);
+    mla_attn_k<<<grid, 256>>>(qt, *b, dense, npools, tail, pools, H, kl, P, K, scale, chunk, nsplit, part, ob);
+  }
   if (nsplit > 1) mla_merge_k<<<T * H, 256>>>(part, nsplit, kl, ob);
   return GK_LAUNCHED("mla_attn");
 }
