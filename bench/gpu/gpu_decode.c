@@ -189,6 +189,26 @@ int main(int argc, char **argv) {
   printf("decode @ctx %d: %.2f ms/token = %.1f tok/s; %.0f GB/s weights (%.0f%% of copy bw)\n", NP, dt * 1e3, 1 / dt,
          dbytes / dt / 1e9, 100.0 * dbytes / dt / 1e9 / bw);
   glm53_session_free(s);
+  /* the MLA attention variants (docs/gpu.md): prefill without the GEMM form
+   * (head-sharing core, then the per-head core), decode at 4K context with
+   * the per-head core; a fresh session each (graphs are per session) */
+  static const char *variant[2] = {"head-sharing core", "per-head core"};
+  glm53_gpu_set_mla_gemm(0);
+  for (int v = 0; v < 2; v++) {
+    gk_set_mla_kernel(v == 0);
+    s = glm53_session_new(m, ctx);
+    if (!s) { printf("session: %s\n", glm53_last_error()); return 1; }
+    pms = run(s, tok, NP, logits);
+    glm53_gpu_profile_dump("prefill 4096 (variant)");
+    printf("prefill %d tokens, MLA %s (no GEMM form): %.1f ms = %.0f tok/s\n", NP, variant[v], pms, NP / (pms * 1e-3));
+    if (v == 1) {
+      dt = decode(s, steps, tok + NP, logits);
+      printf("decode @ctx %d, MLA %s: %.2f ms/token = %.1f tok/s\n", NP, variant[v], dt * 1e3, 1 / dt);
+    }
+    glm53_session_free(s);
+  }
+  gk_set_mla_kernel(1);
+  glm53_gpu_set_mla_gemm(1);
   glm53_model_free(m);
   free(tok); free(logits);
   return 0;

@@ -111,6 +111,7 @@ static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
  * (gk_mla_attn_gemm): on unless GLM53_GPU_MLA_GEMM=0 or its startup check
  * failed */
 static int g_mla_gemm = -1;
+void glm53_gpu_set_mla_gemm(int on) { g_mla_gemm = on ? 1 : 0; }
 static int mla_gemm_on(void) {
   if (g_mla_gemm < 0) g_mla_gemm = !(getenv("GLM53_GPU_MLA_GEMM") && !strcmp(getenv("GLM53_GPU_MLA_GEMM"), "0"));
   return g_mla_gemm;

@@ -34,6 +34,10 @@ typedef struct {
 int glm53_gpu_expert_stats_get(const glm53_model *m, glm53_gpu_expert_stats *out);
 void glm53_gpu_expert_stats_reset(glm53_model *m);
 
+/* The GEMM form of the MLA attention for long chunks: 1 on (default, unless
+ * GLM53_GPU_MLA_GEMM=0 or its startup check failed), 0 off. Bench use. */
+void glm53_gpu_set_mla_gemm(int on);
+
 /* Startup validation: each device kernel on small random data against the
  * fp32 CPU reference (src/model/layers.h) or a float64 host loop. */
 typedef struct {
