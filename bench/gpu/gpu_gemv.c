@@ -8,10 +8,13 @@
  * cycle through enough copies of the weights (>= 512 MB) to miss the 50 MB
  * L2, as a decode step does; the median of 7 replays, in us per launch.
  * GB/s counts the weight bytes (data + scales) read per launch.
- * Kernels: v3 = the default; old = the default before it (v2 rows-per-warp
- * kernel for bf16/f32, v1 one-row kernel for Q8/Q4); v1 = the one-row kernel.
- * Checks: v3 against v1 (max |diff| / max |ref|, <= 1e-5), and v3 results of
- * a token bitwise equal whatever n (token 0 and token n-1 against n = 1).
+ * Kernels: v3 = the default; v3 unpipelined = the same without loading the
+ * next round before the FMAs (gk_set_gemv_version(4), same bits); old = the
+ * default before v3 (v2 rows-per-warp kernel for bf16/f32, v1 one-row
+ * kernel for Q8/Q4); v1 = the one-row kernel.
+ * Checks: v3 against v1 (max |diff| / max |ref|, <= 1e-5), v3 pipelined and
+ * unpipelined bitwise equal, and v3 results of a token bitwise equal
+ * whatever n (token 0 and token n-1 against n = 1).
  * Tables: 1) n = 1 per shape and format; 2) routed experts, 8 pairs;
  * 3) n = 1..64, v3 GEMV vs the cuBLAS path (gk_set_gemm_min), crossover;
  * 4) n = 1 at several split-K targets (gk_set_gemv_split_target).
@@ -99,7 +102,7 @@ static double time_job(const job *j, int R) {
   qsort(t, 7, sizeof *t, cmp_f);
   return t[3];
 }
-static int reps_for(size_t bytes) { return bytes > (256u << 20) ? 4 : bytes > (32u << 20) ? 16 : 64; }
+static int reps_for(int ncopy) { return ncopy >= 8 ? ncopy : (8 + ncopy - 1) / ncopy * ncopy; }
 static int copies_for(size_t bytes) {
   int c = (int)((512u << 20) / bytes) + 1;
   return c > 16 ? 16 : c;
@@ -128,7 +131,7 @@ static void shapes_n1(int quick) {
   float *x = gk_malloc(16384 * 4 * 64), *y = gk_malloc((size_t)154880 * 4 * 2);
   gk_fill_random(x, 16384 * 4 * 64, 3);
   printf("\n[1] gk_matmul n = 1: us per call | GB/s | %% of copy bw (%.0f GB/s)\n", g_bw);
-  printf("%-7s %-6s %13s | %-24s | %-24s | %-24s | %s\n", "format", "group", "shape", "v3 (new)", "old default", "v1", "v3 vs v1");
+  printf("%-7s %-6s %13s | %-24s | %-24s | %-24s | %-24s | %s\n", "format", "group", "shape", "v3 (new)", "v3 unpipelined", "old default", "v1", "v3 vs v1");
   for (int f = 0; f < nfmt; f++)
     for (int s = 0; s < nshape; s++) {
       const int fmt = fmts[f][0], rows = shapes[s][0], cols = shapes[s][1];
@@ -141,26 +144,26 @@ static void shapes_n1(int quick) {
       W[0] = W0;
       for (int c = 1; c < nc; c++) W[c] = new_mat(fmt, rows, cols, W0.group, W0.scale_bf16, 11 + s + 100 * c);
       job j = {.kind = 0, .W = W, .ncopy = nc, .x = x, .n = 1, .ldx = cols, .y = y, .ldy = rows};
-      double us[3];
-      float *out[3];
-      static const int ver[3] = {3, 0, 1};
-      for (int v = 0; v < 3; v++) {
+      double us[4];
+      float *out[4];
+      static const int ver[4] = {3, 4, 0, 1};
+      for (int v = 0; v < 4; v++) {
         int vv = ver[v] ? ver[v] : fmt >= WMAT_Q8 ? 1 : 2;
         gk_set_gemv_version(vv);
-        us[v] = time_job(&j, reps_for(nb) * nc);
+        us[v] = time_job(&j, reps_for(nc));
         gk_matmul(&W[0], x, 1, cols, y, rows);
         out[v] = d2h_f(y, rows);
       }
       gk_set_gemv_version(0);
-      double e = rel(out[0], out[2], rows), e2 = rel(out[1], out[2], rows);
-      int ok = e <= 1e-5 && e2 <= 1e-5;
+      double e = rel(out[0], out[3], rows), e2 = rel(out[2], out[3], rows);
+      int ok = e <= 1e-5 && e2 <= 1e-5 && !memcmp(out[0], out[1], (size_t)rows * 4);
       g_fail += !ok;
       char nm[32];
       snprintf(nm, sizeof nm, "%dx%d", rows, cols);
       printf("%-7s %-6d %13s |", fmt_name(fmt, W0.scale_bf16), fmt >= WMAT_Q8 ? W0.group : 0, nm);
-      for (int v = 0; v < 3; v++) printf(" %7.1f %6.0f %5.1f%% |", us[v], nb / us[v] / 1e3, 100.0 * nb / us[v] / 1e3 / g_bw);
+      for (int v = 0; v < 4; v++) printf(" %7.1f %6.0f %5.1f%% |", us[v], nb / us[v] / 1e3, 100.0 * nb / us[v] / 1e3 / g_bw);
       printf(" %.1e %s\n", e, ok ? "ok" : "MISMATCH");
-      for (int v = 0; v < 3; v++) free(out[v]);
+      for (int v = 0; v < 4; v++) free(out[v]);
       for (int c = 0; c < nc; c++) gk_free((void *)W[c].d);
       free(W);
     }
@@ -183,7 +186,7 @@ static void experts(int quick) {
     gk_h2d(idx[r], h, sizeof h);
   }
   printf("\n[2] gk_matmul_experts, 1 token x %d pairs (experts cycled over %d): us per call | GB/s | %% of copy bw\n", K, E);
-  printf("%-7s %-6s %-22s | %-24s | %-24s | %-24s | %s\n", "format", "group", "projection", "v3 (new)", "old default", "v1", "v3 vs v1");
+  printf("%-7s %-6s %-22s | %-24s | %-24s | %-24s | %-24s | %s\n", "format", "group", "projection", "v3 (new)", "v3 unpipelined", "old default", "v1", "v3 vs v1");
   for (int f = 0; f < nfmt; f++) {
     const int fmt = fmts[f][0];
     gpu_mat h[E * 3];
@@ -197,25 +200,25 @@ static void experts(int quick) {
       size_t nb = K * mat_bytes(&h[w]);
       job j = {.kind = 1, .dset = dset, .which = w, .fmt = fmt, .rows = rows, .cols = cols, .idx = (const int *const *)idx,
                .nidx = ROT, .npairs = K, .k = K, .xpt = w < 2, .x = x, .ldx = cols, .y = y, .ldy = rows};
-      double us[3];
-      float *out[3];
-      static const int ver[3] = {3, 0, 1};
-      for (int v = 0; v < 3; v++) {
+      double us[4];
+      float *out[4];
+      static const int ver[4] = {3, 4, 0, 1};
+      for (int v = 0; v < 4; v++) {
         gk_set_gemv_version(ver[v] ? ver[v] : fmt >= WMAT_Q8 ? 1 : 2);
-        us[v] = time_job(&j, 16 * ROT);
+        us[v] = time_job(&j, 2 * ROT);
         launch(&j, 0);
         out[v] = d2h_f(y, (size_t)K * rows);
       }
       gk_set_gemv_version(0);
-      double e = rel(out[0], out[2], (size_t)K * rows);
-      int ok = e <= 1e-5;
+      double e = rel(out[0], out[3], (size_t)K * rows);
+      int ok = e <= 1e-5 && !memcmp(out[0], out[1], (size_t)K * rows * 4);
       g_fail += !ok;
       char nm[48];
       snprintf(nm, sizeof nm, "%s %dx%d", w ? "down" : "gate", rows, cols);
       printf("%-7s %-6d %-22s |", fmt_name(fmt, h[0].scale_bf16), fmt >= WMAT_Q8 ? h[0].group : 0, nm);
-      for (int v = 0; v < 3; v++) printf(" %7.1f %6.0f %5.1f%% |", us[v], nb / us[v] / 1e3, 100.0 * nb / us[v] / 1e3 / g_bw);
+      for (int v = 0; v < 4; v++) printf(" %7.1f %6.0f %5.1f%% |", us[v], nb / us[v] / 1e3, 100.0 * nb / us[v] / 1e3 / g_bw);
       printf(" %.1e %s\n", e, ok ? "ok" : "MISMATCH");
-      for (int v = 0; v < 3; v++) free(out[v]);
+      for (int v = 0; v < 4; v++) free(out[v]);
     }
     for (int e = 0; e < E * 3; e++) gk_free((void *)h[e].d);
     gk_free(dset);
@@ -256,17 +259,21 @@ static void tokens(int quick) {
         const int n = ns[i];
         job j = {.kind = 0, .W = W, .ncopy = nc, .x = x, .n = n, .ldx = cols, .y = y, .ldy = rows};
         gk_set_gemm_min(1 << 30);
-        ug[i] = time_job(&j, reps_for(nb) * nc);
+        ug[i] = time_job(&j, reps_for(nc));
         gk_matmul(&W[0], x, n, cols, y, rows);
         float *o = d2h_f(y, (size_t)n * rows);
         bits_ok &= !memcmp(o, one, (size_t)rows * 4) && !memcmp(o + (size_t)(n - 1) * rows, one + (size_t)(n - 1) * rows, (size_t)rows * 4);
         free(o);
-        gk_set_gemm_min(1);
-        uc[i] = time_job(&j, reps_for(nb) * nc);
+        uc[i] = 0;
+        if (fmt == WMAT_BF16 || n == 1 || n == 8 || n == 32 || n == 64) {
+          gk_set_gemm_min(1);
+          uc[i] = time_job(&j, reps_for(nc));
+        }
         printf(" n%d %.1f(%.0f)", n, ug[i], nb / ug[i] / 1e3);
       }
       printf("\n%-5s %6dx%-5d blas:", "", rows, cols);
       for (int i = 0; i < nn; i++) {
+        if (uc[i] <= 0) continue;
         printf(" n%d %.1f", ns[i], uc[i]);
         if (!cross && uc[i] < ug[i]) cross = ns[i];
       }
@@ -306,7 +313,7 @@ static void split_sweep(void) {
       printf("%-5s %6dx%-5d                                 ", fmt_name(fmts[f], 1), rows, cols);
       for (size_t i = 0; i < sizeof tw / sizeof *tw; i++) {
         gk_set_gemv_split_target(tw[i]);
-        double us = time_job(&j, reps_for(nb) * nc);
+        double us = time_job(&j, reps_for(nc));
         printf(" %7.1f", us);
       }
       printf("\n");

@@ -429,12 +429,15 @@ template <> struct gv_fmt<GF_F32> { enum { E = 4, EW = 4, RWP = 2 }; };
 template <> struct gv_fmt<GF_BF16> { enum { E = 8, EW = 8, RWP = 2 }; };
 template <> struct gv_fmt<GF_Q8> { enum { E = 16, EW = 8, RWP = 4 }; };
 template <> struct gv_fmt<GF_Q4> { enum { E = 32, EW = 8, RWP = 4 }; };
-/* rows per warp and chunks in flight per row by format and tokens per
- * block (registers: at most 128 so that two blocks fit an SM) */
-template <int FMT, int NTK> struct gv_cfg {
+/* rows per warp (RW) and chunks per row per load round (U), by format,
+ * tokens per block and load schedule: PF (the default) loads round i+1
+ * before the FMAs of round i; plain (bench: gk_set_gemv_version(4)) loads
+ * and then computes each round. Registers stay at or below ~128 so that two
+ * blocks fit an SM. None of this changes the bits. */
+template <int FMT, int NTK, bool PF> struct gv_cfg {
   enum {
     RW = FMT >= GF_Q8 ? (NTK <= 2 ? 4 : 2) : 2,
-    U = FMT >= GF_Q8 ? (NTK == 1 ? 2 : 1) : (NTK <= 2 ? 4 : 2)
+    U = PF ? (FMT >= GF_Q8 ? 1 : (NTK <= 2 ? 2 : 1)) : FMT >= GF_Q8 ? (NTK == 1 ? 2 : 1) : (NTK <= 2 ? 4 : 2)
   };
 };
 
@@ -492,14 +495,34 @@ template <int FMT> __host__ __device__ __forceinline__ bool gv_fast(const gpu_ma
   return W.cols % E == 0 && ((uintptr_t)W.d & 15) == 0 && (FMT <= GF_BF16 || (W.group > 0 && W.group % E == 0));
 }
 
+/* U chunks (c, c+32, ...; past ce: a valid duplicate, not used) of RW rows */
+template <int FMT, int RW, int U>
+__device__ __forceinline__ void gv_load(const gpu_mat &W, const int *rr, size_t rowbytes, int gsh, int ng, int c, int ce,
+                                        uint4 (*w)[RW], float (*s)[RW]) {
+  constexpr int E = gv_fmt<FMT>::E;
+  constexpr bool SC = FMT >= GF_Q8;
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+    const int cu = min(c + 32 * u, ce - 1);
+    const int gi = SC ? (gsh >= 0 ? (cu * E) >> gsh : (cu * E) / W.group) : 0;
+#pragma unroll
+    for (int r = 0; r < RW; r++) {
+      w[u][r] = __ldg((const uint4 *)((const char *)W.d + (size_t)rr[r] * rowbytes) + cu);
+      if (SC) s[u][r] = gv_scale(W, __ldg((const uint16_t *)W.s + (size_t)rr[r] * ng + gi));
+    }
+  }
+}
+
 /* rows row0 .. row0+RW-1 (clamped to the last row; the caller drops the
- * copies) over chunks [cb, ce) of the split, tokens 0..nt-1 of x;
- * acc[r][t] summed over the warp */
-template <int FMT, int NTK, bool XV>
+ * copies) over chunks [cb, ce) of the split, tokens 0..nt-1 of x (the
+ * chunked path computes all NTK, tokens past nt repeat token nt-1, so that
+ * every x load can be issued early; the caller drops them); acc[r][t]
+ * summed over the warp */
+template <int FMT, int NTK, bool XV, bool PF>
 __device__ __forceinline__ void gv_rows(const gpu_mat &W, int row0, const float *x, int nt, int ldx, int cb, int ce,
                                         float (*acc)[NTK]) {
   constexpr int E = gv_fmt<FMT>::E, EW = gv_fmt<FMT>::EW, KW = E / EW;
-  constexpr int RW = gv_cfg<FMT, NTK>::RW, U = gv_cfg<FMT, NTK>::U;
+  constexpr int RW = gv_cfg<FMT, NTK, PF>::RW, U = gv_cfg<FMT, NTK, PF>::U;
   constexpr bool SC = FMT >= GF_Q8;
   constexpr size_t ES = FMT == GF_F32 ? 4 : FMT == GF_BF16 ? 2 : 1; /* Q4: bytes = elements / 2 below */
   const int lane = threadIdx.x & 31;
@@ -511,30 +534,35 @@ __device__ __forceinline__ void gv_rows(const gpu_mat &W, int row0, const float 
 #pragma unroll
   for (int r = 0; r < RW; r++) rr[r] = min(row0 + r, W.rows - 1);
   if (gv_fast<FMT>(W)) {
-    const char *base = (const char *)W.d;
     const size_t rowbytes = FMT == GF_Q4 ? (size_t)W.cols / 2 : (size_t)W.cols * ES;
     int gsh = -1, ng = 0;
     if (SC) {
       gsh = (W.group & (W.group - 1)) == 0 ? __ffs(W.group) - 1 : -1;
       ng = W.cols / W.group;
     }
-    for (int c = cb + lane; c < ce; c += 32 * U) {
+    const float *xt[NTK];
+#pragma unroll
+    for (int t = 0; t < NTK; t++) xt[t] = x + (size_t)min(t, nt - 1) * ldx;
+    uint4 wn[U][RW];
+    float sn[U][RW];
+    int c = cb + lane;
+    if (PF && c < ce) gv_load<FMT, RW, U>(W, rr, rowbytes, gsh, ng, c, ce, wn, sn);
+    for (; c < ce; c += 32 * U) {
       uint4 w[U][RW];
       float s[U][RW];
+      if (PF) {
 #pragma unroll
-      for (int u = 0; u < U; u++) {
-        const int cu = min(c + 32 * u, ce - 1); /* past the slice: a valid duplicate, not used */
-        const int gi = SC ? (gsh >= 0 ? (cu * E) >> gsh : (cu * E) / W.group) : 0;
+        for (int u = 0; u < U; u++)
 #pragma unroll
-        for (int r = 0; r < RW; r++) {
-          w[u][r] = __ldg((const uint4 *)(base + (size_t)rr[r] * rowbytes) + cu);
-          if (SC) s[u][r] = gv_scale(W, __ldg((const uint16_t *)W.s + (size_t)rr[r] * ng + gi));
-        }
+          for (int r = 0; r < RW; r++) { w[u][r] = wn[u][r]; s[u][r] = sn[u][r]; }
+        if (c + 32 * U < ce) gv_load<FMT, RW, U>(W, rr, rowbytes, gsh, ng, c + 32 * U, ce, wn, sn);
+      } else {
+        gv_load<FMT, RW, U>(W, rr, rowbytes, gsh, ng, c, ce, w, s);
       }
 #pragma unroll
       for (int u = 0; u < U; u++) {
         if (c + 32 * u >= ce) break;
-        const float *xc = x + (size_t)(c + 32 * u) * E;
+        const int j = (c + 32 * u) * E;
         float g[SC ? RW : 1][SC ? NTK : 1];
         if (SC) {
 #pragma unroll
@@ -544,21 +572,35 @@ __device__ __forceinline__ void gv_rows(const gpu_mat &W, int row0, const float 
         }
 #pragma unroll
         for (int k = 0; k < KW; k++) {
-          float wf[RW][EW];
-#pragma unroll
-          for (int r = 0; r < RW; r++) gv_cvt(w[u][r], k, wf[r], gk_fmt_tag<FMT>());
-#pragma unroll
-          for (int t = 0; t < NTK; t++) {
-            if (t >= nt) break;
+          if (NTK == 1) { /* x once, then row by row: 8 converted weights live */
             float xv[EW];
-            gv_x<XV, EW>(xc + (size_t)t * ldx + k * EW, xv);
+            gv_x<XV, EW>(xt[0] + j + k * EW, xv);
 #pragma unroll
             for (int r = 0; r < RW; r++) {
-              float a = SC ? g[SC ? r : 0][SC ? t : 0] : acc[r][t];
+              float wf[EW];
+              gv_cvt(w[u][r], k, wf, gk_fmt_tag<FMT>());
+              float a = SC ? g[SC ? r : 0][0] : acc[r][0];
 #pragma unroll
-              for (int q = 0; q < EW; q++) a = fmaf(wf[r][q], xv[q], a);
-              if (SC) g[SC ? r : 0][SC ? t : 0] = a;
-              else acc[r][t] = a;
+              for (int q = 0; q < EW; q++) a = fmaf(wf[q], xv[q], a);
+              if (SC) g[SC ? r : 0][0] = a;
+              else acc[r][0] = a;
+            }
+          } else { /* converted once for all tokens */
+            float wf[RW][EW];
+#pragma unroll
+            for (int r = 0; r < RW; r++) gv_cvt(w[u][r], k, wf[r], gk_fmt_tag<FMT>());
+#pragma unroll
+            for (int t = 0; t < NTK; t++) {
+              float xv[EW];
+              gv_x<XV, EW>(xt[t] + j + k * EW, xv);
+#pragma unroll
+              for (int r = 0; r < RW; r++) {
+                float a = SC ? g[SC ? r : 0][SC ? t : 0] : acc[r][t];
+#pragma unroll
+                for (int q = 0; q < EW; q++) a = fmaf(wf[r][q], xv[q], a);
+                if (SC) g[SC ? r : 0][SC ? t : 0] = a;
+                else acc[r][t] = a;
+              }
             }
           }
         }
@@ -616,10 +658,10 @@ __device__ __forceinline__ bool gv_block_reduce(float (*acc)[NTK], int wk, int k
 /* grid: (row blocks * ntg, ns); block b: rows of block b / ntg, tokens of
  * group b % ntg (the blocks reading the same rows run together). Warp w:
  * row group w / wk, slice blockIdx.y * wk + w % wk of sl chunks. */
-template <int FMT, int NTK, bool XV>
-__global__ void __launch_bounds__(256) gv_k(gpu_mat W, const float *x, int n, int ldx, float *y, int ldy, int wk,
+template <int FMT, int NTK, bool XV, bool PF>
+__global__ void __launch_bounds__(256, FMT <= GF_BF16 && NTK == 1 ? 3 : 2) gv_k(gpu_mat W, const float *x, int n, int ldx, float *y, int ldy, int wk,
                                             int sl, int ntg, float *part) {
-  constexpr int RW = gv_cfg<FMT, NTK>::RW, E = gv_fmt<FMT>::E;
+  constexpr int RW = gv_cfg<FMT, NTK, PF>::RW, E = gv_fmt<FMT>::E;
   __shared__ float red[WARPS * RW * NTK];
   const int warp = threadIdx.x >> 5, wr = warp / wk, kw = warp % wk;
   const int rb = blockIdx.x / ntg, tg = blockIdx.x % ntg;
@@ -627,7 +669,7 @@ __global__ void __launch_bounds__(256) gv_k(gpu_mat W, const float *x, int n, in
   const int t0 = tg * NTK, nt = min(NTK, n - t0);
   const int cpr = (W.cols + E - 1) / E, cb = min(cpr, (int)(blockIdx.y * wk + kw) * sl), ce = min(cpr, cb + sl);
   float acc[RW][NTK];
-  gv_rows<FMT, NTK, XV>(W, row0, x + (size_t)t0 * ldx, nt, ldx, cb, ce, acc);
+  gv_rows<FMT, NTK, XV, PF>(W, row0, x + (size_t)t0 * ldx, nt, ldx, cb, ce, acc);
   if (!gv_block_reduce<RW, NTK>(acc, wk, kw, wr, red) || (threadIdx.x & 31)) return;
 #pragma unroll
   for (int r = 0; r < RW; r++) {
@@ -642,11 +684,11 @@ __global__ void __launch_bounds__(256) gv_k(gpu_mat W, const float *x, int n, in
 }
 
 /* pair p = blockIdx.y (one token); rows of block blockIdx.x */
-template <int FMT, bool XV>
-__global__ void __launch_bounds__(256) gv_exp_k(const gpu_mat *wset, int which, int wstride, const int *idx, int k, int xpt,
+template <int FMT, bool XV, bool PF>
+__global__ void __launch_bounds__(256, FMT <= GF_BF16 ? 3 : 2) gv_exp_k(const gpu_mat *wset, int which, int wstride, const int *idx, int k, int xpt,
                                                 const float *x, int ldx, float *y, int ldy, int rows, int only, int wk,
                                                 int sl) {
-  constexpr int RW = gv_cfg<FMT, 1>::RW, E = gv_fmt<FMT>::E;
+  constexpr int RW = gv_cfg<FMT, 1, PF>::RW, E = gv_fmt<FMT>::E;
   __shared__ float red[WARPS * RW];
   const int p = blockIdx.y;
   const int e = idx ? idx[p] : p % k;
@@ -662,7 +704,7 @@ __global__ void __launch_bounds__(256) gv_exp_k(const gpu_mat *wset, int which, 
   }
   const gpu_mat W = wset[(size_t)e * wstride + which];
   const int cpr = (W.cols + E - 1) / E, cb = min(cpr, kw * sl), ce = min(cpr, cb + sl);
-  gv_rows<FMT, 1, XV>(W, row0, x + (size_t)(xpt ? p / k : p) * ldx, 1, ldx, cb, ce, acc);
+  gv_rows<FMT, 1, XV, PF>(W, row0, x + (size_t)(xpt ? p / k : p) * ldx, 1, ldx, cb, ce, acc);
   if (!gv_block_reduce<RW, 1>(acc, wk, kw, wr, red) || (threadIdx.x & 31)) return;
 #pragma unroll
   for (int r = 0; r < RW; r++) {
@@ -671,18 +713,20 @@ __global__ void __launch_bounds__(256) gv_exp_k(const gpu_mat *wset, int which, 
   }
 }
 
-/* kernel choice: 3 (default) the v3 kernel above; 1 the one-row kernel
- * (GLM53_GPU_GEMV=1); 2 the rows-per-warp kernel of issue 5 (GLM53_GPU_GEMV=2).
- * 1 and 2 give each other's bits, v3 its own (docs/gpu.md). */
+/* kernel choice: 3 (default) the v3 kernel above, 4 the same without the
+ * load pipelining (bench; same bits as 3); 1 the one-row kernel
+ * (GLM53_GPU_GEMV=1); 2 the rows-per-warp kernel of issue 5
+ * (GLM53_GPU_GEMV=2). 1 and 2 give each other's bits, 3/4 their own
+ * (docs/gpu.md). */
 static int g_gemv_ver = -1;
 static int gemv_ver(void) {
   if (g_gemv_ver < 0) {
     const char *e = getenv("GLM53_GPU_GEMV");
-    g_gemv_ver = e && (!strcmp(e, "1") || !strcmp(e, "2")) ? atoi(e) : 3;
+    g_gemv_ver = e && atoi(e) >= 1 && atoi(e) <= 4 ? atoi(e) : 3;
   }
   return g_gemv_ver;
 }
-extern "C" void gk_set_gemv_version(int v) { g_gemv_ver = v >= 1 && v <= 3 ? v : -1; }
+extern "C" void gk_set_gemv_version(int v) { g_gemv_ver = v >= 1 && v <= 4 ? v : -1; }
 
 static int vec_ok(const gpu_mat *W) {
   return W->cols % 8 == 0 && (W->fmt <= GF_BF16 || W->group % 8 == 0);
@@ -711,39 +755,53 @@ static int nsplit_for(const gpu_mat *W, int *clen) {
 /* v3 split-K plan: S = wk * ns slices of sl chunks per row, doubling S
  * while the warps (rows / RWP * S) stay under the target and each slice
  * keeps at least one chunk per lane. Depends on (format, rows, cols) and
- * the cap maxS only (128 for gk_matmul, WARPS for the pair launches). */
-static int g_gv_target = 2048;
-extern "C" void gk_set_gemv_split_target(int warps) { g_gv_target = warps > 0 ? warps : 2048; }
+ * the path only: gk_matmul (maxS 128, target 4096 warps for f32/bf16, 2048
+ * for Q8/Q4) or the pair launches (maxS = WARPS, target 2048: the pairs
+ * multiply the warps); targets measured on the H200 (docs/gpu.md). */
+static int g_gv_target; /* bench override, 0: the defaults above */
+extern "C" void gk_set_gemv_split_target(int warps) { g_gv_target = warps > 0 ? warps : 0; }
 static int gv_E(int fmt) { return fmt == GF_F32 ? 4 : fmt == GF_BF16 ? 8 : fmt == GF_Q8 ? 16 : 32; }
 static void gv_plan(int fmt, int rows, int cols, int maxS, int *wk, int *ns, int *sl) {
   const int cpr = (cols + gv_E(fmt) - 1) / gv_E(fmt), rwp = fmt >= GF_Q8 ? 4 : 2;
   const long rg = (rows + rwp - 1) / rwp;
+  const long target = g_gv_target ? g_gv_target : fmt >= GF_Q8 || maxS <= WARPS ? 2048 : 4096;
   int S = 1;
-  while (S < maxS && rg * S < g_gv_target && cpr / (2 * S) >= 32) S *= 2;
+  while (S < maxS && rg * S < target && cpr / (2 * S) >= 32) S *= 2;
   *wk = S < WARPS ? S : WARPS;
   *ns = S / *wk;
   *sl = (cpr + S - 1) / S;
 }
 
-template <int FMT, int NTK>
+template <int FMT, int NTK, bool PF>
 static void gv_launch(const gpu_mat *W, const float *x, int n, int ldx, float *y, int ldy, int wk, int ns, int sl,
                       float *part) {
-  constexpr int RW = gv_cfg<FMT, NTK>::RW;
+  constexpr int RW = gv_cfg<FMT, NTK, PF>::RW;
   const int ntg = (n + NTK - 1) / NTK;
   dim3 grid(gk_blocks(W->rows, (WARPS / wk) * RW) * ntg, ns);
-  if ((uintptr_t)x % 16 == 0 && ldx % 4 == 0) gv_k<FMT, NTK, true><<<grid, 256>>>(*W, x, n, ldx, y, ldy, wk, sl, ntg, part);
-  else gv_k<FMT, NTK, false><<<grid, 256>>>(*W, x, n, ldx, y, ldy, wk, sl, ntg, part);
+  if ((uintptr_t)x % 16 == 0 && ldx % 4 == 0)
+    gv_k<FMT, NTK, true, PF><<<grid, 256>>>(*W, x, n, ldx, y, ldy, wk, sl, ntg, part);
+  else gv_k<FMT, NTK, false, PF><<<grid, 256>>>(*W, x, n, ldx, y, ldy, wk, sl, ntg, part);
+}
+/* the load schedule by format and tokens per block, as measured faster on
+ * the H200: bf16 at 1-2 tokens plain (U = 4 without the copy: more warps
+ * per SM), everything else pipelined. PLAIN: plain everywhere (bench). */
+template <int FMT, int NTK, bool PLAIN> struct gv_pf { static constexpr bool v = !PLAIN && !(FMT == GF_BF16 && NTK <= 2); };
+template <int FMT, bool PLAIN>
+static void gv_launch_n(const gpu_mat *W, const float *x, int n, int ldx, float *y, int ldy, int wk, int ns, int sl,
+                        float *part) {
+  if (n == 1) gv_launch<FMT, 1, gv_pf<FMT, 1, PLAIN>::v>(W, x, n, ldx, y, ldy, wk, ns, sl, part);
+  else if (n == 2) gv_launch<FMT, 2, gv_pf<FMT, 2, PLAIN>::v>(W, x, n, ldx, y, ldy, wk, ns, sl, part);
+  else if (n <= 4) gv_launch<FMT, 4, gv_pf<FMT, 4, PLAIN>::v>(W, x, n, ldx, y, ldy, wk, ns, sl, part);
+  else gv_launch<FMT, 8, gv_pf<FMT, 8, PLAIN>::v>(W, x, n, ldx, y, ldy, wk, ns, sl, part);
 }
 
 template <int FMT>
 static void launch_gemv(const gpu_mat *W, const float *x, int n, int ldx, float *y, int ldy, int clen, int ns, int wk,
                         int sl, float *part) {
   const int ver = gemv_ver();
-  if (ver == 3) {
-    if (n == 1) gv_launch<FMT, 1>(W, x, n, ldx, y, ldy, wk, ns, sl, part);
-    else if (n == 2) gv_launch<FMT, 2>(W, x, n, ldx, y, ldy, wk, ns, sl, part);
-    else if (n <= 4) gv_launch<FMT, 4>(W, x, n, ldx, y, ldy, wk, ns, sl, part);
-    else gv_launch<FMT, 8>(W, x, n, ldx, y, ldy, wk, ns, sl, part);
+  if (ver >= 3) {
+    if (ver == 3) gv_launch_n<FMT, false>(W, x, n, ldx, y, ldy, wk, ns, sl, part);
+    else gv_launch_n<FMT, true>(W, x, n, ldx, y, ldy, wk, ns, sl, part);
     return;
   }
   int mode = gemv_mode(W, x, ldx);
@@ -762,7 +820,7 @@ static void launch_gemv(const gpu_mat *W, const float *x, int n, int ldx, float 
 static int gemv(const gpu_mat *W, const float *x, int n, int ldx, float *y, int ldy) {
   if (W->rows <= 0) return 0;
   int clen = 0, ns, wk = 1, sl = 0;
-  if (gemv_ver() == 3) gv_plan(W->fmt, W->rows, W->cols, 128, &wk, &ns, &sl);
+  if (gemv_ver() >= 3) gv_plan(W->fmt, W->rows, W->cols, 128, &wk, &ns, &sl);
   else ns = nsplit_for(W, &clen);
   float *part = NULL;
   if (ns > 1) {
@@ -834,15 +892,19 @@ static int batched_gemv(const gpu_mat *d_wset, int which, int wstride, int fmt, 
   if (npairs <= 0 || rows <= 0) return 0;
   const int ver = gemv_ver(), xv = (uintptr_t)x % 16 == 0 && ldx % 4 == 0;
   int wk = 1, ns = 1, sl = 0;
-  if (ver == 3) gv_plan(fmt, rows, cols, WARPS, &wk, &ns, &sl); /* ns == 1 */
+  if (ver >= 3) gv_plan(fmt, rows, cols, WARPS, &wk, &ns, &sl); /* ns == 1 */
   /* v1/v2: the backend checks group % 8 for quantized weights */
   int mode = cols % 8 ? 0 : xv ? 2 : 1;
+#define GK_EXP3(F, PF)                                                                                          \
+  {                                                                                                             \
+    dim3 g3(gk_blocks(rows, (WARPS / wk) * gv_cfg<F, 1, PF>::RW), npairs);                                       \
+    if (xv) gv_exp_k<F, true, PF><<<g3, 256>>>(d_wset, which, wstride, idx, k, xpt, x, ldx, y, ldy, rows, only, wk, sl); \
+    else gv_exp_k<F, false, PF><<<g3, 256>>>(d_wset, which, wstride, idx, k, xpt, x, ldx, y, ldy, rows, only, wk, sl); \
+  }
 #define GK_EXP(F)                                                                                               \
-  if (ver == 3) {                                                                                               \
-    dim3 g3(gk_blocks(rows, (WARPS / wk) * gv_cfg<F, 1>::RW), npairs);                                           \
-    if (xv) gv_exp_k<F, true><<<g3, 256>>>(d_wset, which, wstride, idx, k, xpt, x, ldx, y, ldy, rows, only, wk, sl); \
-    else gv_exp_k<F, false><<<g3, 256>>>(d_wset, which, wstride, idx, k, xpt, x, ldx, y, ldy, rows, only, wk, sl); \
-  } else if (ver == 1) {                                                                                        \
+  if (ver == 3) GK_EXP3(F, (gv_pf<F, 1, false>::v))                                                              \
+  else if (ver == 4) GK_EXP3(F, false)                                                                          \
+  else if (ver == 1) {                                                                                          \
     dim3 g1(gk_blocks(rows, WARPS), npairs);                                                                     \
     if (mode) gemv1_exp_k<F, true><<<g1, 256>>>(d_wset, which, wstride, idx, k, xpt, x, ldx, y, ldy, rows, only); \
     else gemv1_exp_k<F, false><<<g1, 256>>>(d_wset, which, wstride, idx, k, xpt, x, ldx, y, ldy, rows, only);    \
@@ -860,6 +922,7 @@ static int batched_gemv(const gpu_mat *d_wset, int which, int wstride, int fmt, 
   default: return gk_fail("batched gemv: unsupported weight format %d", fmt);
   }
 #undef GK_EXP
+#undef GK_EXP3
   return GK_LAUNCHED("batched gemv");
 }
 
