@@ -102,7 +102,10 @@ extern "C" int gk_gemm_min(void) {
 extern "C" void gk_set_gemm_min(int n) { g_gemm_min = n > 0 ? n : -1; }
 
 /* ---------------- GEMV ----------------
- * One warp owns RW rows (RW = rows per warp, by format) and reads them in
+ * Three kernels: v3 (the default, further below), and the two before it,
+ * kept selectable (gk_set_gemv_version / GLM53_GPU_GEMV) as fallbacks and
+ * for comparison; v1 and v2 give each other's bits, v3 its own.
+ * v2 (issue 5): one warp owns RW rows (RW = rows per warp, by format) and reads them in
  * 16-byte-or-smaller chunks of 8 elements per lane, U chunks per row in
  * flight per round; x is read as float4 when aligned and reused for the RW
  * rows (the x traffic, 4 B per weight element, is what limited the one-row
@@ -303,9 +306,8 @@ __global__ void __launch_bounds__(256) gemv_exp_k(const gpu_mat *wset, int which
     for (int r = 0; r < RW && row0 + r < rows; r++) yo[row0 + r] = acc[r][0];
 }
 
-/* The previous GEMV (one row per warp, scalar x loads), kept selectable with
- * GLM53_GPU_GEMV=1 for comparison and as a fallback; same per-(row, token)
- * FMA order as the current one. */
+/* v1: one row per warp, scalar x loads (GLM53_GPU_GEMV=1); the same
+ * per-(row, token) FMA order as v2. */
 template <int FMT, bool VEC>
 __device__ __forceinline__ void gemv1_row(const gpu_mat &W, int row, const float *x, int nt, int ldx, int c0, int c1,
                                          float *acc) {
@@ -413,7 +415,11 @@ template <int F> struct gk_fmt_tag {};
  *   gives n - 8 exactly (one LOP3 + one FADD per weight); Q8 bytes likewise
  *   through PRMT (0x4B00_00xx = 2^23 + (q + 128)).
  * - A warp owns RW rows and reads the fp32 x chunk once (float4) for all of
- *   them; NTK tokens (1, 2, 4 or 8, from n) per block.
+ *   them; NTK tokens (1, 2, 4 or 8, from n) per block, all NTK computed
+ *   (x rows past n repeat the last one) so that every x load issues early.
+ * - Load schedule (gv_cfg / gv_pf): the next round of chunks is loaded
+ *   before the FMAs of the current one, except bf16 at 1-2 tokens (more
+ *   chunks per round and more warps per SM measured faster there).
  * - Split-K: the chunks of a row are cut into S = wk * ns slices, wk warps of
  *   a block (reduced through shared memory, slice order) times ns blocks
  *   (partials reduced by gemv_reduce, slice order). S comes from the matrix
