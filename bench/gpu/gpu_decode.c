@@ -47,44 +47,6 @@ static double decode(glm53_session *s, int steps, const int32_t *tok, float *log
   return (now_sec() - t0) / steps;
 }
 
-/* achieved bandwidth of the decode GEMV (n = 1, bf16) at model shapes */
-static void gemv_shapes(double bw) {
-  static const int shapes[][2] = {{154880, 4096}, {12288, 4096}, {8192, 4096}, {4096, 8192}, {2048, 4096}, {4096, 2048}, {128, 4096}};
-  float *x = gk_malloc(16384 * 4), *y = gk_malloc((size_t)154880 * 4);
-  gk_fill_random(x, 16384 * 4, 3); /* any finite values will do for timing */
-  for (size_t i = 0; i < 2 * sizeof shapes / sizeof *shapes; i++) {
-    int q4 = i >= sizeof shapes / sizeof *shapes;
-    const int *sh = shapes[i % (sizeof shapes / sizeof *shapes)];
-    gpu_mat W = {.fmt = q4 ? WMAT_Q4 : WMAT_BF16, .rows = sh[0], .cols = sh[1], .group = 32, .scale_bf16 = 1};
-    size_t nb = q4 ? (size_t)W.rows * W.cols / 2 + (size_t)W.rows * W.cols / 32 * 2 : (size_t)W.rows * W.cols * 2;
-    void *d = gk_malloc(nb);
-    gk_fill_random(d, nb, 5);
-    W.d = d;
-    if (q4) W.s = (char *)d + (size_t)W.rows * W.cols / 2;
-    int reps = nb > (100u << 20) ? 20 : 200;
-    void *a = gk_event_new(), *b = gk_event_new();
-    float *hy[2] = {xmalloc((size_t)W.rows * 4), xmalloc((size_t)W.rows * 4)};
-    for (int v = 1; v <= 2; v++) { /* previous kernel, then the current one */
-      gk_set_gemv_version(v);
-      gk_matmul(&W, x, 1, W.cols, y, W.rows);
-      gk_event_record(a);
-      for (int r = 0; r < reps; r++) gk_matmul(&W, x, 1, W.cols, y, W.rows);
-      gk_event_record(b);
-      double us = gk_event_ms(a, b) * 1e3 / reps;
-      printf("gemv v%d %s %6d x %5d: %7.1f us, %5.0f GB/s (%.0f%% of copy bw)\n", v, q4 ? "q4  " : "bf16", W.rows, W.cols, us,
-             nb / us / 1e3, 100.0 * nb / us / 1e3 / bw);
-      gk_d2h(hy[v - 1], y, (size_t)W.rows * 4);
-    }
-    printf("gemv v1 vs v2 %s %d x %d: %s\n", q4 ? "q4" : "bf16", W.rows, W.cols,
-           memcmp(hy[0], hy[1], (size_t)W.rows * 4) ? "OUTPUTS DIFFER" : "bitwise equal");
-    free(hy[0]); free(hy[1]);
-    gk_set_gemv_version(0);
-    gk_event_free(a); gk_event_free(b);
-    gk_free(d);
-  }
-  gk_free(x); gk_free(y);
-}
-
 /* decode at short context for several routed-expert budgets */
 static int stream_bench(glm53_model *m, int E, int steps, size_t dbytes) {
   double h2d = gk_time_h2d_gbs((size_t)1 << 30, 8);
@@ -147,7 +109,6 @@ int main(int argc, char **argv) {
   double bw = gk_time_d2d_gbs((size_t)2 << 30, 20);
   double tf = gk_time_bf16_gemm_tflops(8192, 8192, 8192, 10);
   printf("ceilings: D2D copy %.0f GB/s (read+write), bf16 cuBLAS GEMM 8192^3 %.0f TFLOP/s\n", bw, tf);
-  if (strcmp(mode, "stream")) gemv_shapes(bw);
   size_t dbytes;
   double active;
   double t0 = now_sec();

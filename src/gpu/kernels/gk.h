@@ -49,11 +49,17 @@ int gk_check(const char *what);     /* reports the last launch error */
 int gk_matmul(const gpu_mat *W, const float *x, int n, int ldx, float *y, int ldy);
 int gk_gemm_min(void);              /* $GLM53_GPU_GEMM_MIN, default 32 */
 void gk_set_gemm_min(int n);        /* tests: n <= 0 restores the default */
-/* GEMV kernel (bench): 2 = several rows per warp with vector x loads for
- * every format; 1 = the one-row-per-warp kernel everywhere
- * ($GLM53_GPU_GEMV=1); 0 = the default (rows-per-warp kernel for f32/bf16,
- * one-row kernel for Q8/Q4, which measured faster there). Same bits. */
+/* GEMV kernel (bench/tests): 3 = the default v3 (chunked, split-K by shape,
+ * docs/gpu.md); 4 = v3 without load pipelining (same bits as 3); 1 = the
+ * one-row-per-warp kernel ($GLM53_GPU_GEMV=1); 2 = the rows-per-warp kernel
+ * of issue 5 ($GLM53_GPU_GEMV=2); 0 = back to the environment/default. 1 and
+ * 2 give the same bits; 3/4 their own (each (row, token) independent of n
+ * and of the launch in every version). */
 void gk_set_gemv_version(int v);
+/* bench only: the warp count the v3 split-K plan aims at (default by format
+ * and path, docs/gpu.md; <= 0 restores it). Changes the split counts, hence
+ * the bits. */
+void gk_set_gemv_split_target(int warps);
 /* Routed experts, small-n path: for pair p (token p / k, slot p % k) with
  * e = idx[p] >= 0, Y[p] = Wset[e*3 + which] * X[xrow(p)], xrow = p / k when
  * x_per_token, else p. Pairs with idx < 0 get zeros. */
