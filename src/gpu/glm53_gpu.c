@@ -220,8 +220,8 @@ static int up_mlp(gmodel *g, const mlp_weights *w, gmlp *o) {
   return up_mat(g, &w->gate, &o->gate) || up_mat(g, &w->up, &o->up) || up_mat(g, &w->down, &o->down) ? -1 : 0;
 }
 
-int gpu_mla_split(int T, int max_ctx, int K, int P, int *chunk) {
-  *chunk = T < gk_gemm_min() ? 256 : 0;
+int gpu_mla_split(int T, int max_ctx, int K, int P, int kl, int *chunk) {
+  *chunk = T < gk_gemm_min() ? gk_mla_split_rows(kl) : 0;
   if (!*chunk) return 1;
   int maxN = max_ctx < (K + 1) * P ? max_ctx : (K + 1) * P; /* bound of any query's selection */
   return (maxN + *chunk - 1) / *chunk;
@@ -856,7 +856,7 @@ static int run_forward(const glm53_model *m, grun *R, const gk_seg *seg, int nse
   const glm53_config *c = &m->cfg;
   const int K = c->index_topk / c->index_kpool, P = c->index_kpool;
   fwd f = {.m = m, .T = T, .nlog = nlog, .hls = nseg == 1 ? hls : NULL, .pos0 = seg[0].pos0};
-  f.ns = gpu_mla_split(maxlen, ctx, K, P, &f.chunk);
+  f.ns = gpu_mla_split(maxlen, ctx, K, P, c->kv_lora_rank, &f.chunk);
   const size_t part = f.chunk > 0 ? (size_t)T * c->num_attention_heads * f.ns * (c->kv_lora_rank + 2) : 0;
   acts A;
   TRY(ensure_arena(R, c, T, mp, part, &A));

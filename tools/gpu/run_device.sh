@@ -57,5 +57,6 @@ if [ "$PART" != tests ]; then
   step gpu_decode.q4 80 env "$D/gpu_decode" 64 16 q4 45
   step gpu_decode.stream 60 env "$D/gpu_decode" 32 12 stream
   have gpu_batch && step gpu_batch 150 env "$D/gpu_batch"
+  have gpu_batch && step gpu_batch.gemm_min4 150 env GLM53_GPU_GEMM_MIN=4 "$D/gpu_batch"
 fi
 echo "== total ${SECONDS}s"

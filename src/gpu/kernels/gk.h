@@ -149,6 +149,8 @@ int gk_mla_attn(const float *qt, const gk_batch *b, const int *dense, const int 
 /* 1: the core shares each tile of latent rows between 16 heads (default);
  * 0: one block per (token, head) (also GLM53_GPU_MLA=head). Bench use. */
 void gk_set_mla_kernel(int hs);
+/* selected rows per flash-decoding split for the core in use */
+int gk_mla_split_rows(int kl);
 /* The same attention for long chunks through fp32 cuBLAS GEMMs
  * (gk_mla_gemm.cu): all heads of a token share its selected rows. pos0: the
  * chunk's first position (host copy of *dpos). One sequence: latent is its

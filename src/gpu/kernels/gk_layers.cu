@@ -657,6 +657,10 @@ static int mla_hs_on(int kl) {
   if (g_mla_hs < 0) g_mla_hs = !(getenv("GLM53_GPU_MLA") && !strcmp(getenv("GLM53_GPU_MLA"), "head"));
   return g_mla_hs && kl % 4 == 0;
 }
+/* rows per flash-decoding split: the head-sharing core has 4x fewer blocks
+ * per token (16 heads each), so it takes 4x shorter splits to fill the GPU
+ * at decode */
+extern "C" int gk_mla_split_rows(int kl) { return mla_hs_on(kl) ? 64 : 256; }
 
 extern "C" int gk_mla_attn(const float *qt, const gk_batch *b, const int *dense, const int *npools, const int *tail,
                            const int *pools, int T, int H, int kl, int P, int K, float scale, int chunk, int nsplit,

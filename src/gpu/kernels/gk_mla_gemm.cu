@@ -125,9 +125,10 @@ extern "C" int gk_mla_attn_gemm(const float *qt, const float *latent, const int 
     size_t cap = budget / per_tok;
     if (cap < 1) cap = 1;
     if ((size_t)tc > cap) tc = (int)cap;
-    char *b = (char *)buf(per_tok * tc);
+    const size_t s_bytes = ((size_t)tc * H * Npad * 4 + 255) & ~(size_t)255; /* G is written as float4 */
+    char *b = (char *)buf(s_bytes + (prefix ? 0 : (size_t)tc * Npad * kl * 4));
     if (!b) return -1;
-    float *S = (float *)b, *G = prefix ? NULL : (float *)(b + (size_t)tc * H * Npad * 4);
+    float *S = (float *)b, *G = prefix ? NULL : (float *)(b + s_bytes);
     const float *A = latent;
     long long strideA = 0;
     if (!prefix) {
