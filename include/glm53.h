@@ -63,9 +63,9 @@ int glm53_forward(glm53_session *s, const int32_t *tokens, int n, float *logits,
  * backend loops. Sessions must be distinct; sessions on different
  * backends or models are stepped one by one. Returns 0, or -1 when some row
  * failed: the rows whose glm53_session_pos advanced were stepped (their
- * logits rows are valid), the others were not (after a backend error their
- * device state may be stale: glm53_session_fallback_cpu rebuilds it from the
- * token history). */
+ * logits rows are valid), the others were not (after a failed batched
+ * forward their device state may be stale: glm53_session_rebuild or
+ * glm53_session_fallback_cpu rebuilds it from the token history). */
 int glm53_forward_batch(glm53_session **sessions, const int32_t *tokens, int n, float *logits);
 
 /* Backend in use ("cpu" or "gpu"). */
