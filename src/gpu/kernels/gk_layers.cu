@@ -571,6 +571,14 @@ __global__ void mla_merge_k(const float *part, int nsplit, int kl, float *ob) {
 #define HS_HG 16
 #define HS_R 16
 #define HS_COLS (KL_MAX / 16)
+/* orders the ps writes of a head's 16 threads (one warp) before their reads;
+ * HIP before 6 has no __syncwarp: the block barrier (every thread reaches
+ * it) does the same, more slowly */
+#if GK_HIP
+#define HS_SYNC_HEAD() __syncthreads()
+#else
+#define HS_SYNC_HEAD() __syncwarp()
+#endif
 static size_t hs_smem(int kl) { return ((size_t)HS_HG * kl + (size_t)HS_R * (kl + 4) + HS_HG * HS_R) * sizeof(float); }
 __global__ void __launch_bounds__(256) mla_hs_k(const float *qtg, gk_batch b, const int *dense, const int *npools,
                                                  const int *tail, const int *pools, int H, int kl, int P, int K, float scale,
@@ -623,7 +631,7 @@ __global__ void __launch_bounds__(256) mla_hs_k(const float *qtg, gk_batch b, co
     z = z * f + ssum;
     m = mn;
     ps[hh * HS_R + r] = p;
-    __syncwarp(); /* a head's 16 threads share a warp */
+    HS_SYNC_HEAD(); /* a head's 16 threads share a warp */
 #pragma unroll
     for (int j = 0; j < HS_COLS; j++) acc[j] *= f;
     for (int rr = 0; rr < HS_R; rr++) {
@@ -634,7 +642,7 @@ __global__ void __launch_bounds__(256) mla_hs_k(const float *qtg, gk_batch b, co
         if (c < kl) acc[j] = fmaf(pr, lr[c], acc[j]);
       }
     }
-    __syncwarp();
+    HS_SYNC_HEAD();
   }
   if (hh >= nh) return;
   const size_t th = (size_t)t * H + h0 + hh;
@@ -671,7 +679,7 @@ extern "C" int gk_mla_attn(const float *qt, const gk_batch *b, const int *dense,
   if (mla_hs_on(kl)) {
     static int attr;
     if (!attr) { /* more than the 48 KB default of dynamic shared memory */
-      GK_TRY(cudaFuncSetAttribute(mla_hs_k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)hs_smem(KL_MAX)));
+      GK_TRY(cudaFuncSetAttribute((const void *)mla_hs_k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)hs_smem(KL_MAX)));
       attr = 1;
     }
     dim3 grid(T, (H + HS_HG - 1) / HS_HG, nsplit);
