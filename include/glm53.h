@@ -58,15 +58,20 @@ int glm53_forward(glm53_session *s, const int32_t *tokens, int n, float *logits,
 /* One decode step for n sessions of the same model, one token each:
  * tokens[i] is fed to sessions[i] and row i of logits (n x vocab floats)
  * gets its next-token logits. Same results as n single-token
- * glm53_forward calls, up to the backend's batch tolerance (docs/gpu.md);
- * the gpu backend runs the n tokens through one batched forward, the cpu
- * backend loops. Sessions must be distinct; sessions on different
- * backends or models are stepped one by one. Returns 0, or -1 when some row
- * failed: the rows whose glm53_session_pos advanced were stepped (their
- * logits rows are valid), the others were not (after a failed batched
- * forward their device state may be stale: glm53_session_rebuild or
- * glm53_session_fallback_cpu rebuilds it from the token history). */
+ * glm53_forward calls, up to the backend's batch tolerance (docs/gpu.md;
+ * the cpu backend gives the same bits): both backends run the n tokens
+ * through one forward, reading every weight once. Sessions must be
+ * distinct; sessions on different backends or models are stepped one by
+ * one. Returns 0, or -1 when some row failed: the rows whose
+ * glm53_session_pos advanced were stepped (their logits rows are valid),
+ * the others were not. glm53_forward_batch_failed_row() then tells whether
+ * one row's own forward failed (its index: the rows after it were not
+ * tried and are intact) or the batched forward as a whole (-1: the rows'
+ * device state may be stale; glm53_session_rebuild or
+ * glm53_session_fallback_cpu rebuilds it from the token history).
+ * GLM53_FAULT counts one forward per row. */
 int glm53_forward_batch(glm53_session **sessions, const int32_t *tokens, int n, float *logits);
+int glm53_forward_batch_failed_row(void);
 
 /* Backend in use ("cpu" or "gpu"). */
 const char *glm53_model_backend(const glm53_model *m);

@@ -11,8 +11,9 @@
 #include <stdlib.h>
 
 int cpu_forward(glm53_session *s, const int32_t *tokens, int T, float *logits, int all_rows);
+int cpu_forward_batch(glm53_session **ss, const int32_t *tokens, int n, float *logits);
 
-static const glm53_backend cpu_backend = {.name = "cpu", .forward = cpu_forward};
+static const glm53_backend cpu_backend = {.name = "cpu", .forward = cpu_forward, .forward_batch = cpu_forward_batch};
 const glm53_backend *glm53_cpu_backend(void) { return &cpu_backend; }
 
 int glm53_fault_should_fail(const char *site) {
@@ -81,6 +82,9 @@ int glm53_forward(glm53_session *s, const int32_t *tokens, int T, float *logits,
   return 0;
 }
 
+/* the row of the last failed glm53_forward_batch of this thread, or -1 */
+static _Thread_local int g_failed_row = -1;
+
 int glm53_forward_batch(glm53_session **ss, const int32_t *tokens, int n, float *logits) {
   if (n <= 0) return glm53_err("forward_batch: empty batch");
   if (!ss || !tokens || !logits) return glm53_err("forward_batch: NULL sessions, tokens or logits");
@@ -103,17 +107,34 @@ int glm53_forward_batch(glm53_session **ss, const int32_t *tokens, int n, float 
     for (int j = 0; j < i; j++)
       if (ss[j] == s) return glm53_err("forward_batch: session given twice (rows %d and %d)", j, i);
   }
+  g_failed_row = -1;
   if (!same || !b->forward_batch || n == 1) { /* one by one; stops at the first failure */
     for (int i = 0; i < n; i++)
-      if (glm53_forward(ss[i], tokens + i, 1, logits + (size_t)i * V, 0)) return -1;
+      if (glm53_forward(ss[i], tokens + i, 1, logits + (size_t)i * V, 0)) {
+        g_failed_row = i;
+        return -1;
+      }
     return 0;
   }
-  if (glm53_fault_should_fail("forward"))
+  /* GLM53_FAULT counts one forward per row, as if the rows were stepped one
+   * by one (so a test can aim a fault at one request): a fault injected at
+   * row i steps rows [0, i) as a batch and fails row i alone */
+  int fail_at = -1;
+  for (int i = 0; i < n && fail_at < 0; i++)
+    if (glm53_fault_should_fail("forward")) fail_at = i;
+  const int m = fail_at < 0 ? n : fail_at;
+  if (m > 0) {
+    if (b->forward_batch(ss, tokens, m, logits)) return -1; /* the whole batch failed: no row moved */
+    for (int i = 0; i < m; i++) ss[i]->history[ss[i]->pos++] = tokens[i];
+  }
+  if (fail_at >= 0) {
+    g_failed_row = fail_at;
     return glm53_err("%s backend error: injected fault (GLM53_FAULT)", b->name);
-  if (b->forward_batch(ss, tokens, n, logits)) return -1;
-  for (int i = 0; i < n; i++) ss[i]->history[ss[i]->pos++] = tokens[i];
+  }
   return 0;
 }
+
+int glm53_forward_batch_failed_row(void) { return g_failed_row; }
 
 /* history[0..n) through the session's backend in chunks, from a reset state */
 static int replay(glm53_session *s, int n) {

@@ -26,33 +26,41 @@ static void run_site(const glm53_config *c, const mhc_weights *hw, const float *
   for (int t = 0; t < T; t++) mhc_post(c, b->a + (size_t)t * D, b->post + t * hc, b->comb + t * hc * hc, X + (size_t)t * hc * D);
 }
 
+/* One call's tokens: runs of one or more sessions (seq_run, layers.h);
+ * ss[i] owns runs[i], whose state pointers are set per layer. */
 typedef struct {
-  glm53_session *s;
-  int l, pos0;
+  const glm53_model *m;
+  glm53_session **ss;
+  seq_run *runs;
+  int nruns, l;
   dsa_sel *sel;
   int *pool_buf;
 } attn_ctx;
 
 static void attn_sub(void *vctx, const float *y, int T, float *out) {
   attn_ctx *x = vctx;
-  const glm53_config *c = &x->s->m->cfg;
-  const layer_weights *L = &x->s->m->layers[x->l];
-  if (L->attn_kind == ATTN_KDA) kda_forward(&L->kda, c, &x->s->kda[x->l], y, T, out);
-  else mla_forward(&L->mla, c, &x->s->mla[x->l], y, T, x->pos0, x->sel, x->pool_buf, out);
+  const glm53_config *c = &x->m->cfg;
+  const layer_weights *L = &x->m->layers[x->l];
+  for (int i = 0; i < x->nruns; i++) {
+    x->runs[i].kda = &x->ss[i]->kda[x->l];
+    x->runs[i].mla = &x->ss[i]->mla[x->l];
+  }
+  if (L->attn_kind == ATTN_KDA) kda_forward_runs(&L->kda, c, x->runs, x->nruns, y, T, out);
+  else mla_forward_runs(&L->mla, c, x->runs, x->nruns, y, T, x->sel, x->pool_buf, out);
 }
 
 static void ffn_sub(void *vctx, const float *y, int T, float *out) {
   attn_ctx *x = vctx;
-  const glm53_config *c = &x->s->m->cfg;
-  const layer_weights *L = &x->s->m->layers[x->l];
+  const glm53_config *c = &x->m->cfg;
+  const layer_weights *L = &x->m->layers[x->l];
   if (L->mlp_kind == MLP_DENSE) mlp_forward(&L->dense, c->swiglu_limit, y, T, out);
   else moe_forward(&L->moe, c, y, T, out);
 }
 
-/* The cpu backend's forward: tokens at positions s->pos.. (the caller
- * validated them and advances pos). */
-int cpu_forward(glm53_session *s, const int32_t *tokens, int T, float *logits, int all_rows) {
-  const glm53_model *m = s->m;
+/* The forward of the T tokens of nruns runs (run i: session ss[i]'s tokens
+ * at its positions); logits of rows [first, T). */
+static void forward_runs(const glm53_model *m, glm53_session **ss, seq_run *runs, int nruns, const int32_t *tokens, int T,
+                         int first, float *logits) {
   const glm53_config *c = &m->cfg;
   const int D = c->hidden_size, hc = c->hc_mult;
 
@@ -74,12 +82,12 @@ int cpu_forward(glm53_session *s, const int32_t *tokens, int T, float *logits, i
   int *pool_buf = xmalloc((size_t)T * (K > 0 ? K : 1) * sizeof(int));
   for (int l = 0; l < c->num_hidden_layers; l++) {
     const layer_weights *L = &m->layers[l];
-    attn_ctx ctx = {.s = s, .l = l, .pos0 = s->pos, .sel = sel, .pool_buf = pool_buf};
+    attn_ctx ctx = {.m = m, .ss = ss, .runs = runs, .nruns = nruns, .l = l, .sel = sel, .pool_buf = pool_buf};
     run_site(c, &L->hc_attn, L->input_norm, X, T, &b, attn_sub, &ctx);
     run_site(c, &L->hc_ffn, L->post_attn_norm, X, T, &b, ffn_sub, &ctx);
   }
   if (logits) {
-    int first = all_rows ? 0 : T - 1, n = T - first;
+    int n = T - first;
     float *h = b.u; /* reuse: collapsed, normed hidden of the requested rows */
     for (int t = first; t < T; t++) {
       float *ht = h + (size_t)(t - first) * D;
@@ -93,5 +101,25 @@ int cpu_forward(glm53_session *s, const int32_t *tokens, int T, float *logits, i
     wmat_matmul(&m->lm_head, h, n, logits);
   }
   free(X); free(b.post); free(b.comb); free(b.u); free(b.y); free(b.a); free(sel); free(pool_buf);
+}
+
+/* The cpu backend's forward: tokens at positions s->pos.. (the caller
+ * validated them and advances pos). */
+int cpu_forward(glm53_session *s, const int32_t *tokens, int T, float *logits, int all_rows) {
+  seq_run run = {.t0 = 0, .len = T, .pos0 = s->pos};
+  forward_runs(s->m, &s, &run, 1, tokens, T, all_rows ? 0 : T - 1, logits);
+  return 0;
+}
+
+/* One token for each of n sessions of one model (glm53_forward_batch, which
+ * validated them and advances pos): every weight product runs once over the
+ * n tokens; each token's state work uses its own session. A token gets the
+ * bits of its own single-token forward (the products compute every row the
+ * same way whatever the row count). */
+int cpu_forward_batch(glm53_session **ss, const int32_t *tokens, int n, float *logits) {
+  seq_run *runs = xcalloc((size_t)n, sizeof *runs);
+  for (int i = 0; i < n; i++) runs[i] = (seq_run){.t0 = i, .len = 1, .pos0 = ss[i]->pos};
+  forward_runs(ss[0]->m, ss, runs, n, tokens, n, 0, logits);
+  free(runs);
   return 0;
 }

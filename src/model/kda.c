@@ -112,6 +112,12 @@ int kda_prefill_chunked(void) {
 }
 
 void kda_forward(const kda_weights *w, const glm53_config *c, kda_state *st, const float *y, int T, float *out) {
+  const seq_run run = {.t0 = 0, .len = T, .pos0 = 0, .kda = st};
+  kda_forward_runs(w, c, &run, 1, y, T, out);
+}
+
+void kda_forward_runs(const kda_weights *w, const glm53_config *c, const seq_run *runs, int nruns, const float *y, int T,
+                      float *out) {
   const int H = c->linear_num_heads, hd = c->linear_head_dim, inner = H * hd;
   const int K = c->linear_conv_kernel_dim, ch = 3 * inner;
   float *raw = xmalloc((size_t)T * ch * sizeof(float));   /* [T][q|k|v] pre-conv */
@@ -121,32 +127,38 @@ void kda_forward(const kda_weights *w, const glm53_config *c, kda_state *st, con
     wmat_matmul(pw, y, T, tmp);
     for (int t = 0; t < T; t++) memcpy(raw + (size_t)t * ch + (size_t)p * inner, tmp + (size_t)t * inner, inner * sizeof(float));
   }
-  /* Causal depthwise conv over [state | raw], then SiLU. Tap K-1 is the current token. */
+  /* Causal depthwise conv over [state | raw] of each run, then SiLU. Tap K-1
+   * is the current token. */
   float *qkv = xmalloc((size_t)T * ch * sizeof(float));
 #pragma omp parallel for schedule(static)
   for (int j = 0; j < ch; j++) {
     const float *wj = w->conv + (size_t)j * K;
-    for (int t = 0; t < T; t++) {
-      double acc = 0;
-      for (int tau = 0; tau < K; tau++) {
-        int src = t - (K - 1) + tau; /* index into raw; negative = conv state */
-        float x = src >= 0 ? raw[(size_t)src * ch + j] : st->conv[(size_t)(K - 1 + src) * ch + j];
-        acc += (double)wj[tau] * x;
+    for (int r = 0; r < nruns; r++) {
+      const float *rraw = raw + (size_t)runs[r].t0 * ch, *conv = runs[r].kda->conv;
+      for (int t = 0; t < runs[r].len; t++) {
+        double acc = 0;
+        for (int tau = 0; tau < K; tau++) {
+          int src = t - (K - 1) + tau; /* index into the run's raw; negative = conv state */
+          float x = src >= 0 ? rraw[(size_t)src * ch + j] : conv[(size_t)(K - 1 + src) * ch + j];
+          acc += (double)wj[tau] * x;
+        }
+        qkv[(size_t)(runs[r].t0 + t) * ch + j] = siluf_((float)acc);
       }
-      qkv[(size_t)t * ch + j] = siluf_((float)acc);
     }
   }
-  /* new conv state = last K-1 inputs of [state | raw] */
-  {
-    float *ns = xmalloc((size_t)(K - 1) * ch * sizeof(float));
+  /* new conv state = last K-1 inputs of [state | raw], per run */
+  float *ns = xmalloc((size_t)(K - 1) * ch * sizeof(float));
+  for (int r = 0; r < nruns; r++) {
+    const float *rraw = raw + (size_t)runs[r].t0 * ch;
+    float *conv = runs[r].kda->conv;
     for (int s = 0; s < K - 1; s++) {
-      int src = T - (K - 1) + s;
-      const float *from = src >= 0 ? raw + (size_t)src * ch : st->conv + (size_t)(K - 1 + src) * ch;
+      int src = runs[r].len - (K - 1) + s;
+      const float *from = src >= 0 ? rraw + (size_t)src * ch : conv + (size_t)(K - 1 + src) * ch;
       memcpy(ns + (size_t)s * ch, from, ch * sizeof(float));
     }
-    memcpy(st->conv, ns, (size_t)(K - 1) * ch * sizeof(float));
-    free(ns);
+    memcpy(conv, ns, (size_t)(K - 1) * ch * sizeof(float));
   }
+  free(ns);
   /* gates from y: g = lb * sigmoid(exp(A_log) (f + dt_bias)); beta = sigmoid(b) */
   float *fa = xmalloc((size_t)T * hd * sizeof(float));
   float *g = xmalloc((size_t)T * inner * sizeof(float));
@@ -187,12 +199,17 @@ void kda_forward(const kda_weights *w, const glm53_config *c, kda_state *st, con
       l2norm(kh + (size_t)t * hd, hd, 1e-6f);
       for (int i = 0; i < hd; i++) qh[(size_t)t * hd + i] *= qscale;
     }
-    float *S = st->S + (size_t)h * hd * hd;
-    if (T > 1 && kda_prefill_chunked()) kda_chunked(S, T, 64, qh, kh, vh, gh, bh, hd, hd, oh);
-    else
-      for (int t = 0; t < T; t++)
-        kda_step(S, qh + (size_t)t * hd, kh + (size_t)t * hd, vh + (size_t)t * hd, gh + (size_t)t * hd, bh[t], hd, hd,
-                 oh + (size_t)t * hd);
+    for (int r = 0; r < nruns; r++) { /* each run through its own state */
+      float *S = runs[r].kda->S + (size_t)h * hd * hd;
+      const int L = runs[r].len;
+      const size_t o0 = (size_t)runs[r].t0 * hd;
+      if (L > 1 && kda_prefill_chunked())
+        kda_chunked(S, L, 64, qh + o0, kh + o0, vh + o0, gh + o0, bh + runs[r].t0, hd, hd, oh + o0);
+      else
+        for (int t = runs[r].t0; t < runs[r].t0 + L; t++)
+          kda_step(S, qh + (size_t)t * hd, kh + (size_t)t * hd, vh + (size_t)t * hd, gh + (size_t)t * hd, bh[t], hd, hd,
+                   oh + (size_t)t * hd);
+    }
     /* gated RMSNorm per head: w * o / rms(o) * sigmoid(z) */
     for (int t = 0; t < T; t++) {
       float *ot = oh + (size_t)t * hd;

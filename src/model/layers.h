@@ -25,9 +25,24 @@ void kda_chunked(float *S, int T, int chunk, const float *q, const float *k, con
                  const float *beta, int dk, int dv, float *o);
 /* 1 if prefill uses kda_chunked (GLM53_KDA_PREFILL=chunked), else the recurrence. */
 int kda_prefill_chunked(void);
+/* A run of tokens of one sequence inside a call that may carry several
+ * sequences (batched decode): tokens [t0, t0 + len) of the call are that
+ * sequence's positions pos0.., with its KDA / MLA state of the layer. The
+ * weight products run once over all the call's tokens; the state parts
+ * (conv, recurrence, caches, selection, attention) per run. A token's
+ * result does not depend on the other runs. */
+typedef struct {
+  int t0, len, pos0;
+  kda_state *kda;
+  mla_state *mla;
+} seq_run;
+
 /* Whole KDA attention for T tokens of normed input y[T][D] -> out[T][D];
  * advances st. */
 void kda_forward(const kda_weights *w, const glm53_config *c, kda_state *st, const float *y, int T, float *out);
+/* The same over runs of several sequences (their lengths sum to T). */
+void kda_forward_runs(const kda_weights *w, const glm53_config *c, const seq_run *runs, int nruns, const float *y, int T,
+                      float *out);
 
 /* ---- DSA indexer + MLA (mla.c) ---- */
 /* Selection for one query: all tokens <= t (dense), or the listed pools
@@ -49,6 +64,10 @@ void indexer_scores(const glm53_config *c, const float *q, const float *w, const
  * [T][index_topk/kpool] in pool_buf); otherwise sel is read (shared layer). */
 void mla_forward(const mla_weights *w, const glm53_config *c, mla_state *st, const float *y, int T, int pos0,
                  dsa_sel *sel, int *pool_buf, float *out);
+/* The same over runs of several sequences (seq_run above; sel and pool_buf
+ * are per token of the call). */
+void mla_forward_runs(const mla_weights *w, const glm53_config *c, const seq_run *runs, int nruns, const float *y, int T,
+                      dsa_sel *sel, int *pool_buf, float *out);
 
 /* ---- MLP / MoE (moe.c) ---- */
 /* Router for one token: expert ids idx[k] and weights wt[k] (k = experts per

@@ -61,9 +61,10 @@ static void pool_key(const glm53_config *c, const indexer_weights *x, const mla_
   }
 }
 
-/* Runs the indexer for T queries at pos0..; fills sel[t]. */
-static void indexer_forward(const indexer_weights *x, const glm53_config *c, mla_state *st, const float *y, const float *r,
-                            int T, int pos0, dsa_sel *sel, int *pool_buf) {
+/* Runs the indexer for the T queries of the runs (each at its sequence's
+ * positions pos0..); fills sel[t]. tseg[t]: the run of token t. */
+static void indexer_forward(const indexer_weights *x, const glm53_config *c, const seq_run *runs, int nruns, const int *tseg,
+                            const float *y, const float *r, int T, dsa_sel *sel, int *pool_buf) {
   const int nh = c->index_n_heads, hd = c->index_head_dim, P = c->index_kpool;
   const int K = c->index_topk / c->index_kpool;
   float *q = xmalloc((size_t)T * nh * hd * sizeof(float));
@@ -73,18 +74,26 @@ static void indexer_forward(const indexer_weights *x, const glm53_config *c, mla
   wmat_matmul(&x->weights_proj, y, T, wt);
   for (int i = 0; i < T * nh; i++) wt[i] *= 1.0f / sqrtf((float)nh);
   wmat_matmul(&x->wk, y, T, kk);
-  for (int t = 0; t < T; t++)
-    layernorm(st->ik + (size_t)(pos0 + t) * hd, kk + (size_t)t * hd, x->k_norm_w, x->k_norm_b, hd, 1e-6f);
+  for (int t = 0; t < T; t++) {
+    const seq_run *u = &runs[tseg[t]];
+    layernorm(u->mla->ik + (size_t)(u->pos0 + t - u->t0) * hd, kk + (size_t)t * hd, x->k_norm_w, x->k_norm_b, hd, 1e-6f);
+  }
   float *gs = kk; /* reuse: pool-gate logits */
   wmat_matmul(&x->gate, y, T, gs);
-  memcpy(st->is + (size_t)pos0 * hd, gs, (size_t)T * hd * sizeof(float));
-  /* close every pool completed by this chunk (keys are always stored, even
-   * while selection is dense, so later queries have the history) */
-  for (int pos = pos0; pos < pos0 + T; pos++)
-    if ((pos + 1) % P == 0) pool_key(c, x, st, pos / P, st->pool + (size_t)(pos / P) * hd);
+  for (int i = 0; i < nruns; i++) {
+    const seq_run *u = &runs[i];
+    mla_state *st = u->mla;
+    memcpy(st->is + (size_t)u->pos0 * hd, gs + (size_t)u->t0 * hd, (size_t)u->len * hd * sizeof(float));
+    /* close every pool completed by this run (keys are always stored, even
+     * while selection is dense, so later queries have the history) */
+    for (int pos = u->pos0; pos < u->pos0 + u->len; pos++)
+      if ((pos + 1) % P == 0) pool_key(c, x, st, pos / P, st->pool + (size_t)(pos / P) * hd);
+  }
 #pragma omp parallel for schedule(dynamic)
   for (int t = 0; t < T; t++) {
-    const int pos = pos0 + t, n = (pos + 1) / P; /* complete pools visible to this query */
+    const seq_run *u = &runs[tseg[t]];
+    const mla_state *st = u->mla;
+    const int pos = u->pos0 + t - u->t0, n = (pos + 1) / P; /* complete pools visible to this query */
     dsa_sel *s = &sel[t];
     s->pools = pool_buf + (size_t)t * K;
     s->tail_begin = n * P;
@@ -141,8 +150,17 @@ static const float *kv_b_rows(const mla_weights *w) {
 
 void mla_forward(const mla_weights *w, const glm53_config *c, mla_state *st, const float *y, int T, int pos0,
                  dsa_sel *sel, int *pool_buf, float *out) {
+  const seq_run run = {.t0 = 0, .len = T, .pos0 = pos0, .mla = st};
+  mla_forward_runs(w, c, &run, 1, y, T, sel, pool_buf, out);
+}
+
+void mla_forward_runs(const mla_weights *w, const glm53_config *c, const seq_run *runs, int nruns, const float *y, int T,
+                      dsa_sel *sel, int *pool_buf, float *out) {
   const int H = c->num_attention_heads, nope = c->qk_nope_head_dim, vd = c->v_head_dim;
   const int ql = c->q_lora_rank, kl = c->kv_lora_rank, P = c->index_kpool;
+  int *tseg = xmalloc((size_t)T * sizeof(int));
+  for (int i = 0; i < nruns; i++)
+    for (int t = runs[i].t0; t < runs[i].t0 + runs[i].len; t++) tseg[t] = i;
   float *r = xmalloc((size_t)T * ql * sizeof(float));
   float *q = xmalloc((size_t)T * H * nope * sizeof(float));
   float *ckv = xmalloc((size_t)T * kl * sizeof(float));
@@ -150,9 +168,11 @@ void mla_forward(const mla_weights *w, const glm53_config *c, mla_state *st, con
   for (int t = 0; t < T; t++) rmsnorm(r + (size_t)t * ql, r + (size_t)t * ql, w->q_a_norm, ql, c->rms_norm_eps);
   wmat_matmul(&w->q_b, r, T, q);
   wmat_matmul(&w->kv_a, y, T, ckv);
-  for (int t = 0; t < T; t++)
-    rmsnorm(st->latent + (size_t)(pos0 + t) * kl, ckv + (size_t)t * kl, w->kv_a_norm, kl, c->rms_norm_eps);
-  if (w->has_indexer) indexer_forward(&w->idx, c, st, y, r, T, pos0, sel, pool_buf);
+  for (int t = 0; t < T; t++) {
+    const seq_run *u = &runs[tseg[t]];
+    rmsnorm(u->mla->latent + (size_t)(u->pos0 + t - u->t0) * kl, ckv + (size_t)t * kl, w->kv_a_norm, kl, c->rms_norm_eps);
+  }
+  if (w->has_indexer) indexer_forward(&w->idx, c, runs, nruns, tseg, y, r, T, sel, pool_buf);
 
   /* W_UK[h] = rows [h(nope+v), h(nope+v)+nope) of kv_b, W_UV[h] the next vd rows */
   const float *kvb = kv_b_rows(w);
@@ -161,7 +181,9 @@ void mla_forward(const mla_weights *w, const glm53_config *c, mla_state *st, con
 #pragma omp parallel for schedule(dynamic) collapse(2)
   for (int t = 0; t < T; t++)
     for (int h = 0; h < H; h++) {
-      const int pos = pos0 + t;
+      const seq_run *u = &runs[tseg[t]];
+      const mla_state *st = u->mla;
+      const int pos = u->pos0 + t - u->t0;
       const dsa_sel *s = &sel[t];
       const float *qh = q + ((size_t)t * H + h) * nope;
       const float *WUK = kvb + (size_t)h * (nope + vd) * kl, *WUV = WUK + (size_t)nope * kl;
@@ -206,4 +228,5 @@ void mla_forward(const mla_weights *w, const glm53_config *c, mla_state *st, con
   free(r);
   free(q);
   free(ckv);
+  free(tseg);
 }

@@ -13,16 +13,15 @@
  * the forward, gen_advance consumes the logits row.
  *
  * Failures: a request is charged with a backend error only for a forward
- * that stepped it alone. When a batch fails, the rows whose position advanced
- * go on normally. On the cpu backend the batch is a loop of single forwards
- * that stops at the failing row, so the first row that did not advance is
- * the one whose forward failed: it gets its --on-gpu-error policy; the rows
- * after it were never tried and are stepped one by one. On a backend that
- * batches for real the failed step belongs to no single row: it is logged
- * and counted once, and every row that did not advance is rebuilt from its
- * history on its backend (the failed step may have left part of its device
- * state updated) and stepped again alone (glm53_forward), each failure
- * handled by that request's policy. */
+ * that was its own. When a batch fails, the rows whose position advanced go
+ * on normally. When one row's forward failed (glm53_forward_batch_failed_row:
+ * a batch stepped one by one, or a GLM53_FAULT aimed at that row), that row
+ * gets its --on-gpu-error policy and the rows after it, never tried, are
+ * stepped one by one. When the batched forward failed as a whole, the step
+ * belongs to no single row: it is logged and counted once, and every row
+ * that did not advance is rebuilt from its history on its backend (the failed
+ * step may have left part of its device state updated) and stepped again
+ * alone (glm53_forward), each failure handled by that request's policy. */
 #include "server/srv_internal.h"
 #include "core/err.h"
 #include "core/log.h"
@@ -193,8 +192,9 @@ static void decode_group(srv *S, scratch *x, job **J, int n, const char *backend
   char why[512];
   snprintf(why, sizeof why, "%s", glm53_last_error());
   met_inc(&S->met, &S->met.batch_failures);
-  /* the cpu backend loops over the rows and stops at the failing one (glm53.h) */
-  const int loops = !strcmp(backend, "cpu");
+  /* one row's own forward failed (the rows after it are intact), or the
+   * batched forward as a whole (-1) */
+  const int frow = glm53_forward_batch_failed_row(), loops = frow >= 0;
   int n_adv = 0;
   for (int i = 0; i < n; i++) n_adv += glm53_session_pos(x->ss[i]) > x->pos0[i];
   atomic_fetch_add(&S->cache_tokens, n_adv);
@@ -203,12 +203,11 @@ static void decode_group(srv *S, scratch *x, job **J, int n, const char *backend
     LOG_WARN("decode batch of %d on %s failed: %s; %d rows went through, stepping the other %d one by one", n, backend,
              why, n_adv, n - n_adv);
   }
-  int first = 1;
   for (int i = 0; i < n; i++) {
     float *row = L + (size_t)i * V;
     int rc = 0;
     if (glm53_session_pos(x->ss[i]) == x->pos0[i]) { /* not stepped */
-      if (loops && first) {
+      if (i == frow) {
         rc = fwd_failed(J[i], x->ss[i], &x->toks[i], 1, row, why);
       } else {
         met_inc(&S->met, &S->met.batch_retried);
@@ -223,7 +222,6 @@ static void decode_group(srv *S, scratch *x, job **J, int n, const char *backend
           rc = fwd(J[i], &x->toks[i], 1, row);
         }
       }
-      first = 0;
     }
     job_advance(J[i], rc, row);
   }

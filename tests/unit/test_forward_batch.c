@@ -1,5 +1,5 @@
-/* glm53_forward_batch on the cpu backend (the loop over glm53_forward), on
- * the random fixture model:
+/* glm53_forward_batch on the cpu backend (one forward over the n tokens,
+ * src/model/forward.c cpu_forward_batch), on the random fixture model:
  *  - n sessions at different positions (and context sizes) stepped together
  *    for several tokens give bitwise the logits of stepping each one alone;
  *  - argument errors leave every session unchanged: empty batch, NULL
@@ -7,7 +7,10 @@
  *    the vocabulary, models of different vocabulary sizes;
  *  - sessions of two different models (same vocabulary) in one call are
  *    each stepped on their own model;
- *  - an injected fault (GLM53_FAULT) fails the call with an error.
+ *  - an injected fault (GLM53_FAULT) fails the call with an error; aimed at
+ *    row 1 of 3 (it counts one forward per row) it steps row 0, fails row 1
+ *    (glm53_forward_batch_failed_row() == 1) and leaves row 2 untried; a
+ *    failed single-session call reports row 0.
  * Runs in CPU CI (also under ASan). */
 #include "glm53.h"
 #include "model_fixture.h"
@@ -87,15 +90,31 @@ static void check_errors(void) {
   /* nothing moved */
   CHECK(glm53_session_pos(a) == 2 && glm53_session_pos(b) == 3 && glm53_session_pos(c2) == 0 && glm53_session_pos(d) == 0,
         "a refused batch moved a session");
-  /* an injected fault fails the call (the first row's forward here: the
-   * cpu backend loops) and leaves the session where it was */
+  /* an injected fault fails the call (the single row's forward here) and
+   * leaves the session where it was */
   setenv("GLM53_FAULT", "forward:1", 1);
   CHECK(glm53_forward_batch(one, tok, 1, lg) == -1, "injected fault not reported");
   unsetenv("GLM53_FAULT");
   CHECK(strstr(glm53_last_error(), "injected") != NULL, "%s", glm53_last_error());
+  CHECK(glm53_forward_batch_failed_row() == 0, "failed row %d, expected 0", glm53_forward_batch_failed_row());
   CHECK(glm53_session_pos(a) == 2, "fault moved the session");
   CHECK(glm53_forward_batch(two, tok, 2, lg) == 0, "%s", glm53_last_error());
   CHECK(glm53_session_pos(a) == 3 && glm53_session_pos(c2) == 1, "positions after a batch step");
+  { /* aimed at row 1 of a batch of 3 */
+    glm53_session *e = glm53_session_new(m, 8);
+    glm53_session *three[3] = {a, c2, e};
+    int32_t t3[3] = {7, 8, 9};
+    float *l3 = xmalloc((size_t)3 * V * 4);
+    setenv("GLM53_FAULT", "forward:3", 1); /* the count goes on from the fault above: row 0 is call 2, row 1 call 3 */
+    CHECK(glm53_forward_batch(three, t3, 3, l3) == -1, "injected fault at row 1 not reported");
+    unsetenv("GLM53_FAULT");
+    CHECK(glm53_forward_batch_failed_row() == 1, "failed row %d, expected 1", glm53_forward_batch_failed_row());
+    CHECK(glm53_session_pos(a) == 4 && glm53_session_pos(c2) == 1 && glm53_session_pos(e) == 0,
+          "rows after a fault at row 1: positions %d %d %d, expected 4 1 0", glm53_session_pos(a), glm53_session_pos(c2),
+          glm53_session_pos(e));
+    glm53_session_free(e);
+    free(l3);
+  }
   glm53_session_free(a); glm53_session_free(b); glm53_session_free(c2); glm53_session_free(d);
   glm53_model_free(m3);
   glm53_model_free(m);
