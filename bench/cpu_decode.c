@@ -10,7 +10,11 @@
  * median of 7), decode tok/s (median of N tokens), bytes of weights touched
  * per token, achieved GB/s and its ratio to the measured bandwidth; then a
  * split of the decode time into matrix products vs everything else.
- * usage: cpu_decode [n_tokens=16] [ctx_prefill=64]
+ * usage: cpu_decode [n_tokens=16] [ctx_prefill=64] [max_batch=0]
+ * max_batch > 0 adds batched decode (glm53_forward_batch with
+ * GLM53_CPU_BATCH=1 of 1, 2, 4, .. max_batch sessions, each prefilled with
+ * 8 tokens; median of 5 steps):
+ * ms/step, aggregate tok/s and the speed-up over one session.
  * BENCH_KVB_F32=1 stores MLA kv_b as fp32 (shows the cost of mla.c
  * dequantizing the whole kv_b on every call; docs/benchmarks.md). */
 #include "model/layers.h"
@@ -296,6 +300,35 @@ int main(int argc, char **argv) {
   printf("decode profile (ms/token, incl. their matmuls): mHC pre/post %.1f, KDA layers %.1f, MLA layer %.1f, MoE %.1f, lm_head %.1f\n",
          prof[0] * 1e3 / ntok, prof[1] * 1e3 / ntok, prof[2] * 1e3 / ntok, prof[3] * 1e3 / ntok, prof[4] * 1e3 / ntok);
   glm53_session_free(s);
+  const int maxb = argc > 3 ? atoi(argv[3]) : 0;
+  if (maxb > 0) {
+    const int V = m->cfg.vocab_size, steps = 5, bpre = 8;
+    glm53_session **bs = xcalloc((size_t)maxb, sizeof *bs);
+    float *bl = xmalloc((size_t)maxb * V * sizeof(float));
+    int32_t *bt = xmalloc((size_t)maxb * sizeof(int32_t));
+    uint64_t bseed = 99;
+    for (int i = 0; i < maxb; i++) {
+      bs[i] = glm53_session_new(m, bpre + 4 * steps + 8);
+      for (int t = 0; t < bpre; t++) bt[0] = (int32_t)(rng_next(&bseed) % V), glm53_forward(bs[i], bt, 1, NULL, 0);
+    }
+    double one = 0;
+    setenv("GLM53_CPU_BATCH", "1", 1); /* the batched forward, not the default loop */
+    for (int n = 1; n <= maxb; n *= 2) {
+      double st[5];
+      for (int k = 0; k < steps; k++) {
+        for (int i = 0; i < n; i++) bt[i] = (int32_t)(rng_next(&bseed) % V);
+        double t0 = now_sec();
+        if (glm53_forward_batch(bs, bt, n, bl)) { fprintf(stderr, "batch: %s\n", glm53_last_error()); return 1; }
+        st[k] = now_sec() - t0;
+      }
+      qsort(st, steps, sizeof *st, cmpd);
+      if (n == 1) one = st[steps / 2];
+      printf("batch %2d: median %.1f ms/step = %.2f tok/s (%.2fx one session)\n", n, st[steps / 2] * 1e3,
+             n / st[steps / 2], n * one / st[steps / 2]);
+    }
+    for (int i = 0; i < maxb; i++) glm53_session_free(bs[i]);
+    free(bs); free(bl); free(bt);
+  }
   glm53_model_free(m);
   free(tok); free(logits); free(dt); free(mm);
   return 0;

@@ -58,9 +58,10 @@ int glm53_forward(glm53_session *s, const int32_t *tokens, int n, float *logits,
 /* One decode step for n sessions of the same model, one token each:
  * tokens[i] is fed to sessions[i] and row i of logits (n x vocab floats)
  * gets its next-token logits. Same results as n single-token
- * glm53_forward calls, up to the backend's batch tolerance (docs/gpu.md;
- * the cpu backend gives the same bits): both backends run the n tokens
- * through one forward, reading every weight once. Sessions must be
+ * glm53_forward calls, up to the backend's batch tolerance (docs/gpu.md):
+ * the gpu backend runs the n tokens through one forward, reading every
+ * weight once; the cpu backend loops (GLM53_CPU_BATCH=1: one forward too,
+ * same bits, slower where measured). Sessions must be
  * distinct; sessions on different backends or models are stepped one by
  * one. Returns 0, or -1 when some row failed: the rows whose
  * glm53_session_pos advanced were stepped (their logits rows are valid),

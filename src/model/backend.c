@@ -108,7 +108,11 @@ int glm53_forward_batch(glm53_session **ss, const int32_t *tokens, int n, float 
       if (ss[j] == s) return glm53_err("forward_batch: session given twice (rows %d and %d)", j, i);
   }
   g_failed_row = -1;
-  if (!same || !b->forward_batch || n == 1) { /* one by one; stops at the first failure */
+  /* the cpu backend's batched forward is opt-in (GLM53_CPU_BATCH=1): its
+   * multi-token products dequantize rows and were slower per token than n
+   * decode GEMVs where measured (docs/benchmarks.md) */
+  const int cpu_loop = b == &cpu_backend && !(getenv("GLM53_CPU_BATCH") && !strcmp(getenv("GLM53_CPU_BATCH"), "1"));
+  if (!same || !b->forward_batch || n == 1 || cpu_loop) { /* one by one; stops at the first failure */
     for (int i = 0; i < n; i++)
       if (glm53_forward(ss[i], tokens + i, 1, logits + (size_t)i * V, 0)) {
         g_failed_row = i;

@@ -1,4 +1,5 @@
-/* glm53_forward_batch on the cpu backend (one forward over the n tokens,
+/* glm53_forward_batch on the cpu backend, both ways (the default loop over
+ * glm53_forward, and with GLM53_CPU_BATCH=1 one forward over the n tokens,
  * src/model/forward.c cpu_forward_batch), on the random fixture model:
  *  - n sessions at different positions (and context sizes) stepped together
  *    for several tokens give bitwise the logits of stepping each one alone;
@@ -149,10 +150,14 @@ static void check_two_models(void) {
 }
 
 int main(void) {
-  check_equal_to_single(64, 4, 0, 1); /* dense indexer regime */
-  check_equal_to_single(8, 4, 1, 2);  /* sparse, shared indexer layer */
-  check_equal_to_single(4, 1, 0, 3);  /* kpool 1 */
-  check_errors();
-  check_two_models();
+  for (int batched = 0; batched < 2; batched++) {
+    if (batched) setenv("GLM53_CPU_BATCH", "1", 1);
+    check_equal_to_single(64, 4, 0, 1); /* dense indexer regime */
+    check_equal_to_single(8, 4, 1, 2);  /* sparse, shared indexer layer */
+    check_equal_to_single(4, 1, 0, 3);  /* kpool 1 */
+    check_two_models();
+  }
+  check_errors(); /* with the batched forward: a fault aimed at one row of a real batch */
+  unsetenv("GLM53_CPU_BATCH");
   TEST_DONE();
 }
