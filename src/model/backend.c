@@ -127,6 +127,10 @@ int glm53_forward_batch(glm53_session **ss, const int32_t *tokens, int n, float 
   for (int i = 0; i < n && fail_at < 0; i++)
     if (glm53_fault_should_fail("forward")) fail_at = i;
   const int m = fail_at < 0 ? n : fail_at;
+  /* GLM53_FAULT=batch:N fails the N-th batched forward as a whole (no row
+   * attributable), the path a device error takes */
+  if (m > 1 && glm53_fault_should_fail("batch"))
+    return glm53_err("%s backend error: injected batch fault (GLM53_FAULT)", b->name);
   if (m > 0) {
     if (b->forward_batch(ss, tokens, m, logits)) return -1; /* the whole batch failed: no row moved */
     for (int i = 0; i < m; i++) ss[i]->history[ss[i]->pos++] = tokens[i];

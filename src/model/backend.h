@@ -43,8 +43,10 @@ const glm53_backend *glm53_gpu_backend(void);
 /* Chooses m->backend (see above). 0, or -1 with the reason. */
 int glm53_backend_select(glm53_model *m, const char *want);
 
-/* GLM53_FAULT fault injection for tests: "gpu_forward:N" makes the N-th
- * (1-based) backend forward call of the process fail as a GPU error would. */
+/* GLM53_FAULT fault injection for tests: "forward:N" makes the N-th
+ * (1-based) backend forward call of the process fail as a GPU error would
+ * (each row of a batch counts as one call); "batch:N" fails the N-th
+ * batched forward of two or more rows as a whole. */
 int glm53_fault_should_fail(const char *site);
 
 #endif

@@ -36,4 +36,11 @@ timeout 180 node tests/node/server_faults.mjs batch-cpu
 grep -q "continuing on the cpu backend" "$SRV_LOG" || { echo "FAIL: the fallback was not logged"; exit 1; }
 srv_stop_wait
 [ "$SRV_RC" = 0 ] || { echo "FAIL: exit status $SRV_RC"; cat "$SRV_LOG"; exit 1; }
+# a batched forward failing as a whole (the path of a device error), with the
+# cpu backend's batched forward: rows rebuilt from their history, none fails
+GLM53_CPU_BATCH=1 GLM53_FAULT=batch:3 srv_start --ctx 512 --parallel 4 --on-gpu-error fail
+timeout 180 node tests/node/server_faults.mjs batch-whole
+grep -q "decode batch of .* failed" "$SRV_LOG" || { echo "FAIL: the batch failure was not logged"; exit 1; }
+srv_stop_wait
+[ "$SRV_RC" = 0 ] || { echo "FAIL: exit status $SRV_RC"; cat "$SRV_LOG"; exit 1; }
 echo "PASS: server faults"

@@ -9,6 +9,9 @@
 //     (glm53_decode_batch_failures_total 1); only the request whose row failed
 //     is failed / moved to the CPU, the others go on, and every completed
 //     stream equals the same request run alone afterwards (greedy).
+//   mode "batch-whole" (GLM53_CPU_BATCH=1, GLM53_FAULT=batch:3): a batched
+//     forward fails as a whole; its rows are rebuilt and retried alone, no
+//     request fails, every stream equals its solo run.
 import assert from 'node:assert/strict';
 import { post, readSSE, metric, waitMetric } from './server_sse.mjs';
 
@@ -108,7 +111,32 @@ if (mode === 'fail') {
   }
   assert.ok(await waitMetric('glm53_active_sessions', 0));
   console.log(`fault mode ${mode}: ok`);
+} else if (mode === 'batch-whole') {
+  // GLM53_CPU_BATCH=1 GLM53_FAULT=batch:3, --on-gpu-error fail: the third
+  // batched decode forward fails as a whole (as a device error would); every
+  // row that did not advance is rebuilt from its history and stepped alone,
+  // so no request fails and every stream equals its solo run.
+  const M = 24;
+  const qs = [0, 1, 2, 3].map((i) => q(`whole batch ${i} `.repeat(i + 1), { max_tokens: M, stream: true }));
+  const res = await Promise.all(qs.map((b) => post('/v1/completions', b)));
+  const got = [];
+  for (const r of res) {
+    assert.equal(r.status, 200);
+    const { events } = await readSSE(r);
+    assert.ok(!events.some((e) => e.error), 'no stream failed');
+    got.push(events.filter((e) => e.choices).map((e) => e.choices[0]?.text || '').join(''));
+  }
+  assert.equal(await metric('glm53_decode_batch_failures_total'), 1, 'one batched forward failed');
+  assert.equal(await metric('glm53_backend_errors_total'), 1, 'counted once');
+  assert.ok((await metric('glm53_decode_batch_rows_retried_total')) >= 2, 'its rows were rebuilt and retried');
+  assert.equal(await metric('glm53_cpu_fallbacks_total'), 0);
+  for (let i = 0; i < 4; i++) {
+    const a = await (await post('/v1/completions', { ...qs[i], stream: false })).json();
+    assert.equal(got[i], a.choices[0].text, `stream ${i}: output after the rebuild == solo output (greedy)`);
+  }
+  assert.ok(await waitMetric('glm53_active_sessions', 0));
+  console.log('fault mode batch-whole: ok');
 } else {
-  console.error('usage: server_faults.mjs fail|fail-nonstream|cpu|batch-fail|batch-cpu');
+  console.error('usage: server_faults.mjs fail|fail-nonstream|cpu|batch-fail|batch-cpu|batch-whole');
   process.exit(2);
 }
