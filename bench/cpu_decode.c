@@ -11,10 +11,10 @@
  * per token, achieved GB/s and its ratio to the measured bandwidth; then a
  * split of the decode time into matrix products vs everything else.
  * usage: cpu_decode [n_tokens=16] [ctx_prefill=64] [max_batch=0]
- * max_batch > 0 adds batched decode (glm53_forward_batch with
- * GLM53_CPU_BATCH=1 of 1, 2, 4, .. max_batch sessions, each prefilled with
- * 8 tokens; median of 5 steps):
- * ms/step, aggregate tok/s and the speed-up over one session.
+ * max_batch > 0 adds batched decode: glm53_forward_batch of 1, 2, 4, ..
+ * max_batch sessions (each prefilled with 8 tokens; median of 5 steps), as
+ * the default loop and with GLM53_CPU_BATCH=1 (one batched forward):
+ * ms/step, aggregate tok/s, speed-up over one session and over the loop.
  * BENCH_KVB_F32=1 stores MLA kv_b as fp32 (shows the cost of mla.c
  * dequantizing the whole kv_b on every call; docs/benchmarks.md). */
 #include "model/layers.h"
@@ -308,24 +308,30 @@ int main(int argc, char **argv) {
     int32_t *bt = xmalloc((size_t)maxb * sizeof(int32_t));
     uint64_t bseed = 99;
     for (int i = 0; i < maxb; i++) {
-      bs[i] = glm53_session_new(m, bpre + 4 * steps + 8);
+      bs[i] = glm53_session_new(m, bpre + 2 * 8 * steps + 8);
       for (int t = 0; t < bpre; t++) bt[0] = (int32_t)(rng_next(&bseed) % V), glm53_forward(bs[i], bt, 1, NULL, 0);
     }
     double one = 0;
-    setenv("GLM53_CPU_BATCH", "1", 1); /* the batched forward, not the default loop */
     for (int n = 1; n <= maxb; n *= 2) {
-      double st[5];
-      for (int k = 0; k < steps; k++) {
-        for (int i = 0; i < n; i++) bt[i] = (int32_t)(rng_next(&bseed) % V);
-        double t0 = now_sec();
-        if (glm53_forward_batch(bs, bt, n, bl)) { fprintf(stderr, "batch: %s\n", glm53_last_error()); return 1; }
-        st[k] = now_sec() - t0;
+      double med[2];
+      for (int mode = 0; mode < 2; mode++) { /* the default loop, then the batched forward */
+        if (mode) setenv("GLM53_CPU_BATCH", "1", 1);
+        else unsetenv("GLM53_CPU_BATCH");
+        double st[5];
+        for (int k = 0; k < steps; k++) {
+          for (int i = 0; i < n; i++) bt[i] = (int32_t)(rng_next(&bseed) % V);
+          double t0 = now_sec();
+          if (glm53_forward_batch(bs, bt, n, bl)) { fprintf(stderr, "batch: %s\n", glm53_last_error()); return 1; }
+          st[k] = now_sec() - t0;
+        }
+        qsort(st, steps, sizeof *st, cmpd);
+        med[mode] = st[steps / 2];
       }
-      qsort(st, steps, sizeof *st, cmpd);
-      if (n == 1) one = st[steps / 2];
-      printf("batch %2d: median %.1f ms/step = %.2f tok/s (%.2fx one session)\n", n, st[steps / 2] * 1e3,
-             n / st[steps / 2], n * one / st[steps / 2]);
+      if (n == 1) one = med[0];
+      printf("batch %2d: loop %.1f ms/step, batched forward %.1f ms/step = %.2f tok/s (%.2fx one session, %.2fx the loop)\n", n,
+             med[0] * 1e3, med[1] * 1e3, n / med[1], n * one / med[1], med[0] / med[1]);
     }
+    unsetenv("GLM53_CPU_BATCH");
     for (int i = 0; i < maxb; i++) glm53_session_free(bs[i]);
     free(bs); free(bl); free(bt);
   }

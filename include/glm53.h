@@ -61,7 +61,7 @@ int glm53_forward(glm53_session *s, const int32_t *tokens, int n, float *logits,
  * glm53_forward calls, up to the backend's batch tolerance (docs/gpu.md):
  * the gpu backend runs the n tokens through one forward, reading every
  * weight once; the cpu backend loops (GLM53_CPU_BATCH=1: one forward too,
- * slower where measured, same bits only for fp32 weights). Sessions must be
+ * not clearly faster where measured; the same bits up to 8 rows). Sessions must be
  * distinct; sessions on different backends or models are stepped one by
  * one. Returns 0, or -1 when some row failed: the rows whose
  * glm53_session_pos advanced were stepped (their logits rows are valid),

@@ -47,7 +47,7 @@ static void s_dot_n(const float *a, const float *x, int cols, int nt, float *out
   }
 }
 
-static const cpu_kernels scalar_k = {s_gemv_q4, s_gemv_q8, s_gemv_bf16, wmat_get_row_generic, s_dot_n};
+static const cpu_kernels scalar_k = {s_gemv_q4, s_gemv_q8, s_gemv_bf16, wmat_get_row_generic, s_dot_n, NULL, NULL, NULL};
 const cpu_kernels *cpu_kernels_scalar(void) { return &scalar_k; }
 
 /* ---- ISA selection ---- */
@@ -93,28 +93,57 @@ int cpu_qmatmul_supported(const wmat *w) {
 
 /* ---- drivers ---- */
 
-static void gemv(const cpu_kernels *k, const wmat *w, const float *x, float *y) {
+/* n <= CPU_GEMV_MAX_N tokens: y[t][r] = the one-token kernel's result for
+ * token t (the _n kernels, when present, give the same bits 4 tokens at a
+ * time with each weight block unpacked once) */
+static void gemv(const cpu_kernels *k, const wmat *w, const float *x, int n, float *y) {
   const int rows = w->rows, cols = w->cols, group = w->group, bf = w->scale_bf16;
   const size_t ng = w->group ? (size_t)cols / group : 0;
   float *xp = NULL, *xs = NULL;
   if (w->fmt == WMAT_Q4) { /* de-interleave each 32-block: evens then odds; per-group sums */
-    xp = aligned_alloc64((size_t)cols * sizeof(float));
-    xs = xmalloc(ng * sizeof(float));
-    for (int b = 0; b < cols; b += 32)
-      for (int i = 0; i < 16; i++) { xp[b + i] = x[b + 2 * i]; xp[b + 16 + i] = x[b + 2 * i + 1]; }
-    for (size_t g = 0; g < ng; g++) {
-      float s = 0;
-      for (int j = 0; j < group; j++) s += x[g * group + j];
-      xs[g] = s;
+    xp = aligned_alloc64((size_t)n * cols * sizeof(float));
+    xs = xmalloc((size_t)n * ng * sizeof(float));
+    for (int t = 0; t < n; t++) {
+      const float *xt = x + (size_t)t * cols;
+      float *pt = xp + (size_t)t * cols, *st = xs + (size_t)t * ng;
+      for (int b = 0; b < cols; b += 32)
+        for (int i = 0; i < 16; i++) { pt[b + i] = xt[b + 2 * i]; pt[b + 16 + i] = xt[b + 2 * i + 1]; }
+      for (size_t g = 0; g < ng; g++) {
+        float s = 0;
+        for (int j = 0; j < group; j++) s += xt[g * group + j];
+        st[g] = s;
+      }
     }
   }
   const uint16_t *sc = w->scales;
-#pragma omp parallel for schedule(static) if ((size_t)rows * cols > 65536)
+#pragma omp parallel for schedule(static) if ((size_t)rows * cols * n > 65536)
   for (int r = 0; r < rows; r++) {
-    switch (w->fmt) {
-    case WMAT_Q4: y[r] = k->gemv_q4((const uint8_t *)w->data + (size_t)r * cols / 2, sc + r * ng, cols, group, bf, xp, xs); break;
-    case WMAT_Q8: y[r] = k->gemv_q8((const int8_t *)w->data + (size_t)r * cols, sc + r * ng, cols, group, bf, x); break;
-    default: y[r] = k->gemv_bf16((const uint16_t *)w->data + (size_t)r * cols, cols, x); break;
+    const uint8_t *q4 = (const uint8_t *)w->data + (size_t)r * cols / 2;
+    const int8_t *q8 = (const int8_t *)w->data + (size_t)r * cols;
+    const uint16_t *qb = (const uint16_t *)w->data + (size_t)r * cols;
+    for (int t0 = 0; t0 < n; t0 += 4) {
+      const int nt = n - t0 < 4 ? n - t0 : 4;
+      const float *xt[4];
+      float o[4];
+      for (int i = 0; i < nt; i++) xt[i] = (w->fmt == WMAT_Q4 ? xp : x) + (size_t)(t0 + i) * cols;
+      switch (w->fmt) {
+      case WMAT_Q4:
+        if (k->gemv_q4_n && nt > 1) k->gemv_q4_n(q4, sc + r * ng, cols, group, bf, xt, nt, o);
+        else
+          for (int i = 0; i < nt; i++) o[i] = k->gemv_q4(q4, sc + r * ng, cols, group, bf, xt[i], xs + (size_t)(t0 + i) * ng);
+        break;
+      case WMAT_Q8:
+        if (k->gemv_q8_n && nt > 1) k->gemv_q8_n(q8, sc + r * ng, cols, group, bf, xt, nt, o);
+        else
+          for (int i = 0; i < nt; i++) o[i] = k->gemv_q8(q8, sc + r * ng, cols, group, bf, xt[i]);
+        break;
+      default:
+        if (k->gemv_bf16_n && nt > 1) k->gemv_bf16_n(qb, cols, xt, nt, o);
+        else
+          for (int i = 0; i < nt; i++) o[i] = k->gemv_bf16(qb, cols, xt[i]);
+        break;
+      }
+      for (int i = 0; i < nt; i++) y[(size_t)(t0 + i) * rows + r] = o[i];
     }
   }
   free(xp);
@@ -152,7 +181,7 @@ int cpu_dequant_row(const wmat *w, int r, float *out) {
 int cpu_qmatmul(const wmat *w, const float *x, int n, float *y) {
   if (!cpu_qmatmul_supported(w)) return -1;
   const cpu_kernels *k = kernels();
-  if (n == 1) gemv(k, w, x, y);
+  if (n <= CPU_GEMV_MAX_N) gemv(k, w, x, n, y);
   else gemm(k, w, x, n, y);
   return 0;
 }

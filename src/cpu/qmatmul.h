@@ -5,8 +5,11 @@
  *    nibbles of 16 bytes multiply 16 even / 16 odd inputs; AVX-512 maps
  *    nibbles to exact weights with a 16-entry (n-8)*d table (vpermps), AVX2
  *    and scalar convert and fold the -8 offset in as -8 * d * sum(x).
- *  - n > 1 (prefill): per block of tokens, each row is dequantized once into
- *    an fp32 buffer and dotted with the block's tokens, 4 at a time.
+ *  - 2 <= n <= CPU_GEMV_MAX_N (batched decode, short chunks): the GEMV for
+ *    up to 4 tokens at a time (AVX-512: each weight block unpacked once),
+ *    every token getting the bits of its n == 1 product.
+ *  - larger n (prefill): per block of tokens, each row is dequantized once
+ *    into an fp32 buffer and dotted with the block's tokens, 4 at a time.
  * ISA: AVX-512 (F+BW+VL), AVX2+FMA+F16C, or scalar, chosen at run time with
  * __builtin_cpu_supports; parallel over rows with OpenMP.
  * Error: fp32 accumulation; |y - y_exact| <= ~cols * 2^-24 * sum_j |w_j x_j|
@@ -17,6 +20,8 @@
 #ifndef GLM53_CPU_QMATMUL_H
 #define GLM53_CPU_QMATMUL_H
 #include "model/wmat.h"
+
+#define CPU_GEMV_MAX_N 8 /* token counts up to this take the (multi-token) GEMV */
 
 enum cpu_isa { CPU_ISA_AUTO = -1, CPU_ISA_SCALAR = 0, CPU_ISA_AVX2 = 1, CPU_ISA_AVX512 = 2 };
 
@@ -40,6 +45,15 @@ typedef struct {
   float (*gemv_bf16)(const uint16_t *q, int cols, const float *x);
   void (*dequant_row)(const wmat *w, int r, float *out);
   void (*dot_n)(const float *a, const float *x, int cols, int nt, float *out); /* nt <= 4 */
+  /* optional (NULL: the driver calls the one-token kernel per token): the
+   * one-token kernels for nt <= 4 tokens at once, each weight block unpacked
+   * once, every token's accumulation exactly that of the one-token kernel
+   * (same bits); x[t] / xp[t], xs[t]: token t's inputs */
+  void (*gemv_q4_n)(const uint8_t *q, const uint16_t *sc, int cols, int group, int bf16, const float *const *xp, int nt,
+                    float *out);
+  void (*gemv_q8_n)(const int8_t *q, const uint16_t *sc, int cols, int group, int bf16, const float *const *x, int nt,
+                    float *out);
+  void (*gemv_bf16_n)(const uint16_t *q, int cols, const float *const *x, int nt, float *out);
 } cpu_kernels;
 const cpu_kernels *cpu_kernels_scalar(void);
 const cpu_kernels *cpu_kernels_avx2(void);

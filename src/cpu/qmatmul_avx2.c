@@ -117,7 +117,7 @@ static void dot_n(const float *a, const float *x, int cols, int nt, float *out) 
   for (int t = 0; t < nt; t++) out[t] = r[t];
 }
 
-static const cpu_kernels k = {gemv_q4, gemv_q8, gemv_bf16, dequant_row, dot_n};
+static const cpu_kernels k = {gemv_q4, gemv_q8, gemv_bf16, dequant_row, dot_n, NULL, NULL, NULL};
 #pragma GCC pop_options
 const cpu_kernels *cpu_kernels_avx2(void) { return &k; }
 #else

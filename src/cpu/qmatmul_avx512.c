@@ -41,6 +41,41 @@ static float gemv_q4(const uint8_t *q, const uint16_t *scl, int cols, int group,
   return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
 }
 
+/* gemv_q4 for nt <= 4 tokens: the same blocks, tables and FMA order per
+ * token (a[t][0..3]), the unpacking done once */
+static void gemv_q4_n(const uint8_t *q, const uint16_t *scl, int cols, int group, int bf16, const float *const *xp, int nt,
+                      float *out) {
+  const __m512i m15 = _mm512_set1_epi32(15);
+  __m512 a[4][4];
+  for (int t = 0; t < 4; t++)
+    for (int i = 0; i < 4; i++) a[t][i] = _mm512_setzero_ps();
+  int b = 0;
+  for (; b + 64 <= cols; b += 64) {
+    const __m512 t0 = q4_tab(scl, b / group, bf16), t1 = group == 32 ? q4_tab(scl, b / group + 1, bf16) : t0;
+    __m512i v0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + b / 2)));
+    __m512i v1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + b / 2 + 16)));
+    const __m512 w0 = _mm512_permutexvar_ps(_mm512_and_si512(v0, m15), t0), w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(v0, 4), t0);
+    const __m512 w2 = _mm512_permutexvar_ps(_mm512_and_si512(v1, m15), t1), w3 = _mm512_permutexvar_ps(_mm512_srli_epi32(v1, 4), t1);
+    for (int t = 0; t < nt; t++) {
+      a[t][0] = _mm512_fmadd_ps(w0, _mm512_load_ps(xp[t] + b), a[t][0]);
+      a[t][1] = _mm512_fmadd_ps(w1, _mm512_load_ps(xp[t] + b + 16), a[t][1]);
+      a[t][2] = _mm512_fmadd_ps(w2, _mm512_load_ps(xp[t] + b + 32), a[t][2]);
+      a[t][3] = _mm512_fmadd_ps(w3, _mm512_load_ps(xp[t] + b + 48), a[t][3]);
+    }
+  }
+  if (b < cols) {
+    const __m512 t0 = q4_tab(scl, b / group, bf16);
+    __m512i v0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + b / 2)));
+    const __m512 w0 = _mm512_permutexvar_ps(_mm512_and_si512(v0, m15), t0), w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(v0, 4), t0);
+    for (int t = 0; t < nt; t++) {
+      a[t][0] = _mm512_fmadd_ps(w0, _mm512_load_ps(xp[t] + b), a[t][0]);
+      a[t][1] = _mm512_fmadd_ps(w1, _mm512_load_ps(xp[t] + b + 16), a[t][1]);
+    }
+  }
+  for (int t = 0; t < nt; t++)
+    out[t] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[t][0], a[t][1]), _mm512_add_ps(a[t][2], a[t][3])));
+}
+
 static float gemv_q8(const int8_t *q, const uint16_t *scl, int cols, int group, int bf16, const float *x) {
   __m512 acc = _mm512_setzero_ps();
   for (int g = 0; g < cols / group; g++) {
@@ -56,6 +91,28 @@ static float gemv_q8(const int8_t *q, const uint16_t *scl, int cols, int group, 
   return _mm512_reduce_add_ps(acc);
 }
 
+/* gemv_q8 for nt <= 4 tokens, same order per token */
+static void gemv_q8_n(const int8_t *q, const uint16_t *scl, int cols, int group, int bf16, const float *const *x, int nt,
+                      float *out) {
+  __m512 acc[4];
+  for (int t = 0; t < 4; t++) acc[t] = _mm512_setzero_ps();
+  for (int g = 0; g < cols / group; g++) {
+    __m512 t0[4], t1[4];
+    for (int t = 0; t < 4; t++) t0[t] = t1[t] = _mm512_setzero_ps();
+    for (int b = g * group; b < (g + 1) * group; b += 32) {
+      __m512 a = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + b))));
+      __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + b + 16))));
+      for (int t = 0; t < nt; t++) {
+        t0[t] = _mm512_fmadd_ps(a, _mm512_loadu_ps(x[t] + b), t0[t]);
+        t1[t] = _mm512_fmadd_ps(c, _mm512_loadu_ps(x[t] + b + 16), t1[t]);
+      }
+    }
+    const __m512 d = _mm512_set1_ps(sc(scl[g], bf16));
+    for (int t = 0; t < nt; t++) acc[t] = _mm512_fmadd_ps(_mm512_add_ps(t0[t], t1[t]), d, acc[t]);
+  }
+  for (int t = 0; t < nt; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
+}
+
 static inline __m512 bf16x16(const uint16_t *p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
@@ -67,6 +124,20 @@ static float gemv_bf16(const uint16_t *q, int cols, const float *x) {
     a1 = _mm512_fmadd_ps(bf16x16(q + j + 16), _mm512_loadu_ps(x + j + 16), a1);
   }
   return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+}
+
+/* gemv_bf16 for nt <= 4 tokens, same order per token */
+static void gemv_bf16_n(const uint16_t *q, int cols, const float *const *x, int nt, float *out) {
+  __m512 a0[4], a1[4];
+  for (int t = 0; t < 4; t++) a0[t] = a1[t] = _mm512_setzero_ps();
+  for (int j = 0; j < cols; j += 32) {
+    const __m512 w0 = bf16x16(q + j), w1 = bf16x16(q + j + 16);
+    for (int t = 0; t < nt; t++) {
+      a0[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[t] + j), a0[t]);
+      a1[t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x[t] + j + 16), a1[t]);
+    }
+  }
+  for (int t = 0; t < nt; t++) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t]));
 }
 
 static void dequant_row(const wmat *w, int r, float *out) {
@@ -117,7 +188,7 @@ static void dot_n(const float *a, const float *x, int cols, int nt, float *out) 
   for (int t = 0; t < nt; t++) out[t] = r[t];
 }
 
-static const cpu_kernels k = {gemv_q4, gemv_q8, gemv_bf16, dequant_row, dot_n};
+static const cpu_kernels k = {gemv_q4, gemv_q8, gemv_bf16, dequant_row, dot_n, gemv_q4_n, gemv_q8_n, gemv_bf16_n};
 #pragma GCC pop_options
 const cpu_kernels *cpu_kernels_avx512(void) { return &k; }
 #else

@@ -113,10 +113,10 @@ int cpu_forward(glm53_session *s, const int32_t *tokens, int T, float *logits, i
 
 /* One token for each of n sessions of one model (glm53_forward_batch, which
  * validated them and advances pos): every weight product runs once over the
- * n tokens; each token's state work uses its own session. With fp32
- * weights a token gets the bits of its own single-token forward; with
- * Q4/Q8/BF16 weights the multi-token products (dequantized rows, the
- * prefill kernel) round differently from the decode GEMV (summation order). */
+ * n tokens; each token's state work uses its own session. A token gets the
+ * bits of its own single-token forward up to CPU_GEMV_MAX_N (8) tokens
+ * (the quantized products stay on the decode GEMV); above, the quantized
+ * products are the prefill kernel, which rounds differently. */
 int cpu_forward_batch(glm53_session **ss, const int32_t *tokens, int n, float *logits) {
   seq_run *runs = xcalloc((size_t)n, sizeof *runs);
   for (int i = 0; i < n; i++) runs[i] = (seq_run){.t0 = i, .len = 1, .pos0 = ss[i]->pos};

@@ -55,6 +55,16 @@ static void check(int isa, int fmt, int rows, int cols, int group, int bf16, int
     }
   }
   free(row2);
+  if (n > 1 && n <= CPU_GEMV_MAX_N) { /* the multi-token GEMV: each token's bits are those of its own product */
+    float *y1 = xmalloc((size_t)rows * 4);
+    int differ = 0;
+    for (int t = 0; t < n; t++) {
+      CHECK(cpu_qmatmul(&w, x + (size_t)t * cols, 1, y1) == 0, "unsupported shape");
+      differ += memcmp(y1, y + (size_t)t * rows, (size_t)rows * 4) != 0;
+    }
+    CHECK(differ == 0, "isa %s fmt %d n %d: %d tokens differ from their one-token product", cpu_isa_name(isa), fmt, n, differ);
+    free(y1);
+  }
   CHECK(dq_bad == 0, "isa %s fmt %d: SIMD dequant differs from generic in %d rows", cpu_isa_name(isa), fmt, dq_bad);
   CHECK(worst <= 1e-5, "isa %s fmt %d %dx%d group %d bf16 %d n %d: rel err %g", cpu_isa_name(isa), fmt, rows, cols, group, bf16, n, worst);
   cpu_isa_force(CPU_ISA_AUTO);
@@ -67,8 +77,8 @@ int main(void) {
   printf("best ISA here: %s\n", cpu_isa_name(best));
   uint64_t seed = 1;
   for (int isa = CPU_ISA_SCALAR; isa <= best; isa++) {
-    static const int ns[] = {1, 3, 5, 37};
-    for (size_t k = 0; k < 4; k++) {
+    static const int ns[] = {1, 2, 3, 5, 8, 37};
+    for (size_t k = 0; k < 6; k++) {
       int n = ns[k];
       check(isa, WMAT_Q4, 37, 256, 32, 0, n, seed++);
       check(isa, WMAT_Q4, 19, 384, 128, 1, n, seed++);
