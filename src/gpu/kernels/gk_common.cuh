@@ -102,4 +102,15 @@ __device__ __forceinline__ float block_sum(float v, float *sh) {
 }
 __device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+/* A query's DSA selection as select_k writes it (dense flag isd, np pools
+ * pl[], tail start tb) at position pos: how many latent rows it attends
+ * over, and the position of its s-th row (the pools' tokens in selection
+ * order, then the tail). Shared by every MLA attention core. */
+__device__ __forceinline__ int sel_count(int isd, int np, int tb, int pos, int P) {
+  return isd ? pos + 1 : np * P + max(0, pos - tb + 1);
+}
+__device__ __forceinline__ int sel_row(int isd, int np, int tb, const int *pl, int P, int s) {
+  return isd ? s : (s < np * P ? pl[s / P] * P + s % P : tb + s - np * P);
+}
+
 #endif

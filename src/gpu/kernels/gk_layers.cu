@@ -470,9 +470,6 @@ extern "C" int gk_select(const float *score, const gk_batch *b, int T, int P, in
  * selected latents (warp w takes every 8th), the 8 warps merged in order;
  * one split writes ob directly, several write (max, sum, acc[kl]) records
  * that mla_merge_k combines in split order. */
-__device__ __forceinline__ int sel_count(int isd, int np, int tb, int pos, int P) {
-  return isd ? pos + 1 : np * P + max(0, pos - tb + 1);
-}
 __global__ void __launch_bounds__(256) mla_attn_k(const float *qtg, gk_batch b, const int *dense,
                                                    const int *npools, const int *tail, const int *pools,
                                                    int H, int kl, int P, int K, float scale, int chunk, int nsplit,
@@ -492,7 +489,7 @@ __global__ void __launch_bounds__(256) mla_attn_k(const float *qtg, gk_batch b, 
 #pragma unroll
   for (int c = 0; c < MLA_MAXC; c++) acc[c] = 0.f;
   for (int s = s0 + w; s < s1; s += 8) {
-    int tok = isd ? s : (s < np * P ? pl[s / P] * P + s % P : tb + s - np * P);
+    int tok = sel_row(isd, np, tb, pl, P, s);
     const float *lat = latent + (size_t)tok * kl;
     float d = 0;
 #pragma unroll
@@ -607,7 +604,7 @@ __global__ void __launch_bounds__(256) mla_hs_k(const float *qtg, gk_batch b, co
       int rr = i / kq, c4 = i % kq, s = base + rr;
       float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
       if (s < s1) {
-        int tok = isd ? s : (s < np * P ? pl[s / P] * P + s % P : tb + s - np * P);
+        int tok = sel_row(isd, np, tb, pl, P, s);
         v = ((const float4 *)(latent + (size_t)tok * kl))[c4];
       }
       *(float4 *)(ls + rr * ldl + 4 * c4) = v;

@@ -32,16 +32,11 @@ static void *buf(size_t n) {
   return g_buf;
 }
 
-/* number of latent rows token t attends over (as mla_attn_k counts them) */
-__device__ __forceinline__ int sel_n(const int *dense, const int *npools, const int *tail, int t, int pos, int P) {
-  return dense[t] ? pos + 1 : npools[t] * P + max(0, pos - tail[t] + 1);
-}
-
 /* G[t][n][:] = latent row of the n-th selected token of t0 + t, zero past N_t */
 __global__ void mla_gather_k(const float *latent, const int *dense, const int *npools, const int *tail, const int *pools,
                              const int *dpos, int t0, int P, int K, int kl, int Npad, float *G) {
-  const int t = t0 + blockIdx.x, pos = *dpos + t, N = sel_n(dense, npools, tail, t, pos, P);
-  const int isd = dense[t], np = npools[t], tb = tail[t];
+  const int t = t0 + blockIdx.x, pos = *dpos + t;
+  const int isd = dense[t], np = npools[t], tb = tail[t], N = sel_count(isd, np, tb, pos, P);
   const int *pl = pools + (size_t)t * K;
   const int q4 = kl / 4;
   float4 *g = (float4 *)(G + (size_t)blockIdx.x * Npad * kl);
@@ -49,7 +44,7 @@ __global__ void mla_gather_k(const float *latent, const int *dense, const int *n
     int n = (int)(i / q4), c = (int)(i % q4);
     float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
     if (n < N) {
-      int tok = isd ? n : (n < np * P ? pl[n / P] * P + n % P : tb + n - np * P);
+      int tok = sel_row(isd, np, tb, pl, P, n);
       v = ((const float4 *)(latent + (size_t)tok * kl))[c];
     }
     g[i] = v;
@@ -61,7 +56,7 @@ __global__ void mla_gather_k(const float *latent, const int *dense, const int *n
 __global__ void mla_softmax_k(float *S, const int *dense, const int *npools, const int *tail, const int *dpos, int t0, int H,
                               int P, int Npad, float scale) {
   __shared__ float sh[32];
-  const int t = t0 + blockIdx.x / H, pos = *dpos + t, N = sel_n(dense, npools, tail, t, pos, P);
+  const int t = t0 + blockIdx.x / H, pos = *dpos + t, N = sel_count(dense[t], npools[t], tail[t], pos, P);
   float *row = S + (size_t)blockIdx.x * Npad;
   float m = -INFINITY;
   for (int n = threadIdx.x; n < N; n += blockDim.x) m = fmaxf(m, row[n] * scale);
