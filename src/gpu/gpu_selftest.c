@@ -324,6 +324,34 @@ static void check_indexer(srng *r, gpu_check *out, int max, int *k) {
   free(ik); free(is); free(ape); free(q); free(w); free(pool); free(score); free(gscore); free(gpool);
 }
 
+/* float64 attention core of one query at position pos: its selected latent
+ * rows (dense: 0..pos; else the np pools' tokens, then the tail from tail
+ * to pos), softmax of scale * qt . row, ob[kl] = the weighted row sum
+ * (normalised; kl <= 96, at most 64 rows) */
+static void ref_attn_core(const double *qt, const float *lat, int kl, int pos, int dense, int np, const int *pools, int P,
+                          int tail, double scale, double *ob) {
+  int toks[64], n = 0;
+  if (dense) for (int j = 0; j <= pos; j++) toks[n++] = j;
+  else {
+    for (int p = 0; p < np; p++) for (int m = 0; m < P; m++) toks[n++] = pools[p] * P + m;
+    for (int j = tail; j <= pos; j++) toks[n++] = j;
+  }
+  double sc[64], mx = -INFINITY, z = 0;
+  for (int j = 0; j < kl; j++) ob[j] = 0;
+  for (int s = 0; s < n; s++) {
+    double a = 0;
+    for (int j = 0; j < kl; j++) a += qt[j] * lat[toks[s] * kl + j];
+    sc[s] = a * scale;
+    mx = fmax(mx, sc[s]);
+  }
+  for (int s = 0; s < n; s++) {
+    double p = exp(sc[s] - mx);
+    z += p;
+    for (int j = 0; j < kl; j++) ob[j] += p * lat[toks[s] * kl + j];
+  }
+  for (int j = 0; j < kl; j++) ob[j] /= z;
+}
+
 /* absorbed attention over a sparse selection (pools + tail), float64 loop */
 static void check_attn(srng *r, gpu_check *out, int max, int *k) {
   const int H = 3, nope = 24, vd = 20, kl = 96, P = 4, K = 3, pos0 = 29, T = 2, ctx = pos0 + T;
@@ -335,33 +363,17 @@ static void check_attn(srng *r, gpu_check *out, int max, int *k) {
   const double scale = 1.0 / sqrt((double)nope);
   for (int t = 0; t < T; t++)
     for (int h = 0; h < H; h++) {
-      int toks[64], n = 0, pos = pos0 + t;
-      if (dense[t]) for (int j = 0; j <= pos; j++) toks[n++] = j;
-      else {
-        for (int p = 0; p < np[t]; p++) for (int m = 0; m < P; m++) toks[n++] = pools[t * K + p] * P + m;
-        for (int j = tail[t]; j <= pos; j++) toks[n++] = j;
-      }
-      double qt[96], ob[96] = {0}, sc[64], mx = -INFINITY, z = 0;
+      double qt[96], ob[96];
       for (int j = 0; j < kl; j++) qt[j] = 0;
       for (int i = 0; i < nope; i++) {
         wmat_get_row(&kvb, h * (nope + vd) + i, row);
         for (int j = 0; j < kl; j++) qt[j] += (double)row[j] * q[(t * H + h) * nope + i];
       }
-      for (int s = 0; s < n; s++) {
-        double a = 0;
-        for (int j = 0; j < kl; j++) a += qt[j] * lat[toks[s] * kl + j];
-        sc[s] = a * scale;
-        mx = fmax(mx, sc[s]);
-      }
-      for (int s = 0; s < n; s++) {
-        double p = exp(sc[s] - mx);
-        z += p;
-        for (int j = 0; j < kl; j++) ob[j] += p * lat[toks[s] * kl + j];
-      }
+      ref_attn_core(qt, lat, kl, pos0 + t, dense[t], np[t], pools + t * K, P, tail[t], scale, ob);
       for (int i = 0; i < vd; i++) {
         wmat_get_row(&kvb, h * (nope + vd) + nope + i, row);
         double a = 0;
-        for (int j = 0; j < kl; j++) a += (double)row[j] * ob[j] / z;
+        for (int j = 0; j < kl; j++) a += (double)row[j] * ob[j];
         ref[(t * H + h) * vd + i] = (float)a;
       }
     }
@@ -413,25 +425,10 @@ static void check_attn_gemm(srng *r, gpu_check *out, int max, int *k) {
   const double scale = 0.125;
   for (int t = 0; t < T; t++)
     for (int h = 0; h < H; h++) {
-      int toks[64], n = 0, pos = pos0 + t;
-      if (dense[t]) for (int j = 0; j <= pos; j++) toks[n++] = j;
-      else {
-        for (int p = 0; p < np[t]; p++) for (int m = 0; m < P; m++) toks[n++] = pools[t * K + p] * P + m;
-        for (int j = tail[t]; j <= pos; j++) toks[n++] = j;
-      }
-      double sc[64], mx = -INFINITY, z = 0, ob[kl] = {0};
-      for (int s = 0; s < n; s++) {
-        double a = 0;
-        for (int j = 0; j < kl; j++) a += (double)qt[(t * H + h) * kl + j] * lat[toks[s] * kl + j];
-        sc[s] = a * scale;
-        mx = fmax(mx, sc[s]);
-      }
-      for (int s = 0; s < n; s++) {
-        double p = exp(sc[s] - mx);
-        z += p;
-        for (int j = 0; j < kl; j++) ob[j] += p * lat[toks[s] * kl + j];
-      }
-      for (int j = 0; j < kl; j++) ref[(t * H + h) * kl + j] = (float)(ob[j] / z);
+      double q64[kl], ob[kl];
+      for (int j = 0; j < kl; j++) q64[j] = qt[(t * H + h) * kl + j];
+      ref_attn_core(q64, lat, kl, pos0 + t, dense[t], np[t], pools + t * K, P, tail[t], scale, ob);
+      for (int j = 0; j < kl; j++) ref[(t * H + h) * kl + j] = (float)ob[j];
     }
   dpool d = {0};
   float *dq = dput(&d, qt, sizeof(float) * T * H * kl), *dl = dput(&d, lat, sizeof(float) * ctx * kl);
