@@ -17,7 +17,7 @@
  * glm53_session_fallback_cpu continues each session bitwise like a pure CPU
  * run. No device: SKIP. */
 #include "glm53.h"
-#include "gpu/glm53_gpu.h"
+#include "gpu_test.h"
 #include "gpu/kernels/gk.h"
 #include "model_fixture.h"
 #include <stdlib.h>
@@ -231,12 +231,7 @@ static void check_tiny(void) {
 }
 
 int main(void) {
-  char why[256];
-  if (!glm53_gpu_available(why, sizeof why)) {
-    printf("SKIP: no GPU device (%s)\n", why);
-    return 0;
-  }
-  printf("device: %s\n", glm53_gpu_device_desc());
+  if (gpu_test_skip()) return 0;
   unsetenv("GLM53_GPU_EXPERT_GB");
   gk_set_gemm_min(0);
   check_fixture(64, 4, 0, 1, 60);  /* dense regime */

@@ -10,7 +10,7 @@
  * copies while streaming, and hits when the cache holds every streamed
  * expert. No device: SKIP. */
 #include "glm53.h"
-#include "gpu/glm53_gpu.h"
+#include "gpu_test.h"
 #include "gpu/kernels/gk.h"
 #include "model_fixture.h"
 #include "model/backend.h"
@@ -86,12 +86,7 @@ static glm53_model *load_tiny(double gb, void *ctx) {
 }
 
 int main(void) {
-  char why[256];
-  if (!glm53_gpu_available(why, sizeof why)) {
-    printf("SKIP: no GPU device (%s)\n", why);
-    return 0;
-  }
-  printf("device: %s\n", glm53_gpu_device_desc());
+  if (gpu_test_skip()) return 0;
   unsetenv("GLM53_GPU_EXPERT_GB");
   glm53_config c;
   fx_config(&c, 8, 4, 1);

@@ -11,7 +11,7 @@
  *    the session continues on the CPU with logits identical to a pure CPU run.
  * No device: SKIP. */
 #include "glm53.h"
-#include "gpu/glm53_gpu.h"
+#include "gpu_test.h"
 #include "gpu/kernels/gk.h"
 #include "model_fixture.h"
 #include <stdlib.h>
@@ -87,12 +87,7 @@ static void check_fallback(void) {
 }
 
 int main(void) {
-  char why[256];
-  if (!glm53_gpu_available(why, sizeof why)) {
-    printf("SKIP: no GPU device (%s)\n", why);
-    return 0;
-  }
-  printf("device: %s\n", glm53_gpu_device_desc());
+  if (gpu_test_skip()) return 0;
   check_model(64, 4, 0, 1); /* dense regime */
   check_model(8, 4, 0, 2);  /* sparse */
   check_model(8, 2, 1, 3);  /* sparse, shared indexer layer */

@@ -5,7 +5,7 @@
  * compiled, not yet run on a GPU.) */
 #include "test_util.h"
 #include "golden_check.h"
-#include "gpu/glm53_gpu.h"
+#include "gpu_test.h"
 #include <dirent.h>
 
 static int check_dir(const char *gdir, const char *model_dir) {
@@ -29,11 +29,7 @@ static int check_dir(const char *gdir, const char *model_dir) {
 }
 
 int main(void) {
-  char why[256];
-  if (!glm53_gpu_available(why, sizeof why)) {
-    printf("SKIP: no GPU device (%s)\n", why);
-    return 0;
-  }
+  if (gpu_test_skip()) return 0;
   int models = 0;
   DIR *d = opendir("tests/data/oracle");
   CHECK(d != NULL, "no tests/data/oracle");

@@ -11,7 +11,7 @@
  * pairs routed to -1 (zeros), against the reference and per-expert launches
  * (bitwise); the previous kernels (versions 1, 2) still within tolerance.
  * No device: SKIP. */
-#include "gpu/glm53_gpu.h"
+#include "gpu_test.h"
 #include "gpu/kernels/gk.h"
 #include "model/wmat.h"
 #include "core/util.h"
@@ -166,12 +166,7 @@ static void experts_case(int fmt, int group, int sbf16, int rows, int cols, int 
 }
 
 int main(void) {
-  char why[256];
-  if (!glm53_gpu_available(why, sizeof why)) {
-    printf("SKIP: no GPU device (%s)\n", why);
-    return 0;
-  }
-  printf("device: %s\n", glm53_gpu_device_desc());
+  if (gpu_test_skip()) return 0;
   for (uint64_t seed = 1; seed <= 3; seed++) {
     gpu_check chk[64];
     int n = glm53_gpu_selftest(seed, chk, 64);
