@@ -18,31 +18,9 @@ static inline __m512 q4_tab(const uint16_t *scl, int g, int bf16) {
   const __m512 iota8 = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
   return _mm512_mul_ps(iota8, _mm512_set1_ps(sc(scl[g], bf16)));
 }
-static float gemv_q4(const uint8_t *q, const uint16_t *scl, int cols, int group, int bf16, const float *xp, const float *xs) {
-  (void)xs;
-  const __m512i m15 = _mm512_set1_epi32(15);
-  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
-  int b = 0;
-  for (; b + 64 <= cols; b += 64) {
-    const __m512 t0 = q4_tab(scl, b / group, bf16), t1 = group == 32 ? q4_tab(scl, b / group + 1, bf16) : t0;
-    __m512i v0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + b / 2)));
-    __m512i v1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + b / 2 + 16)));
-    a0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_and_si512(v0, m15), t0), _mm512_load_ps(xp + b), a0);
-    a1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v0, 4), t0), _mm512_load_ps(xp + b + 16), a1);
-    a2 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_and_si512(v1, m15), t1), _mm512_load_ps(xp + b + 32), a2);
-    a3 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v1, 4), t1), _mm512_load_ps(xp + b + 48), a3);
-  }
-  if (b < cols) { /* one 32-block left */
-    const __m512 t0 = q4_tab(scl, b / group, bf16);
-    __m512i v0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + b / 2)));
-    a0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_and_si512(v0, m15), t0), _mm512_load_ps(xp + b), a0);
-    a1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v0, 4), t0), _mm512_load_ps(xp + b + 16), a1);
-  }
-  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-}
-
-/* gemv_q4 for nt <= 4 tokens: the same blocks, tables and FMA order per
- * token (a[t][0..3]), the unpacking done once */
+/* Q4 for nt <= 4 tokens: per token four accumulators, two 32-blocks per
+ * step (a[t][0..3]), the unpacking done once for all tokens; the one-token
+ * kernel is nt = 1, so every token gets the bits of its own product */
 static void gemv_q4_n(const uint8_t *q, const uint16_t *scl, int cols, int group, int bf16, const float *const *xp, int nt,
                       float *out) {
   const __m512i m15 = _mm512_set1_epi32(15);
@@ -76,22 +54,14 @@ static void gemv_q4_n(const uint8_t *q, const uint16_t *scl, int cols, int group
     out[t] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[t][0], a[t][1]), _mm512_add_ps(a[t][2], a[t][3])));
 }
 
-static float gemv_q8(const int8_t *q, const uint16_t *scl, int cols, int group, int bf16, const float *x) {
-  __m512 acc = _mm512_setzero_ps();
-  for (int g = 0; g < cols / group; g++) {
-    __m512 t0 = _mm512_setzero_ps(), t1 = _mm512_setzero_ps();
-    for (int b = g * group; b < (g + 1) * group; b += 32) {
-      __m512 a = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + b))));
-      __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + b + 16))));
-      t0 = _mm512_fmadd_ps(a, _mm512_loadu_ps(x + b), t0);
-      t1 = _mm512_fmadd_ps(c, _mm512_loadu_ps(x + b + 16), t1);
-    }
-    acc = _mm512_fmadd_ps(_mm512_add_ps(t0, t1), _mm512_set1_ps(sc(scl[g], bf16)), acc);
-  }
-  return _mm512_reduce_add_ps(acc);
+static float gemv_q4(const uint8_t *q, const uint16_t *scl, int cols, int group, int bf16, const float *xp, const float *xs) {
+  (void)xs;
+  float out;
+  gemv_q4_n(q, scl, cols, group, bf16, &xp, 1, &out);
+  return out;
 }
 
-/* gemv_q8 for nt <= 4 tokens, same order per token */
+/* Q8 for nt <= 4 tokens (the one-token kernel is nt = 1) */
 static void gemv_q8_n(const int8_t *q, const uint16_t *scl, int cols, int group, int bf16, const float *const *x, int nt,
                       float *out) {
   __m512 acc[4];
@@ -113,20 +83,17 @@ static void gemv_q8_n(const int8_t *q, const uint16_t *scl, int cols, int group,
   for (int t = 0; t < nt; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
 }
 
+static float gemv_q8(const int8_t *q, const uint16_t *scl, int cols, int group, int bf16, const float *x) {
+  float out;
+  gemv_q8_n(q, scl, cols, group, bf16, &x, 1, &out);
+  return out;
+}
+
 static inline __m512 bf16x16(const uint16_t *p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
 
-static float gemv_bf16(const uint16_t *q, int cols, const float *x) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-  for (int j = 0; j < cols; j += 32) {
-    a0 = _mm512_fmadd_ps(bf16x16(q + j), _mm512_loadu_ps(x + j), a0);
-    a1 = _mm512_fmadd_ps(bf16x16(q + j + 16), _mm512_loadu_ps(x + j + 16), a1);
-  }
-  return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-}
-
-/* gemv_bf16 for nt <= 4 tokens, same order per token */
+/* BF16 for nt <= 4 tokens (the one-token kernel is nt = 1) */
 static void gemv_bf16_n(const uint16_t *q, int cols, const float *const *x, int nt, float *out) {
   __m512 a0[4], a1[4];
   for (int t = 0; t < 4; t++) a0[t] = a1[t] = _mm512_setzero_ps();
@@ -138,6 +105,12 @@ static void gemv_bf16_n(const uint16_t *q, int cols, const float *const *x, int 
     }
   }
   for (int t = 0; t < nt; t++) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t]));
+}
+
+static float gemv_bf16(const uint16_t *q, int cols, const float *x) {
+  float out;
+  gemv_bf16_n(q, cols, &x, 1, &out);
+  return out;
 }
 
 static void dequant_row(const wmat *w, int r, float *out) {
