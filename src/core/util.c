@@ -1,6 +1,9 @@
 #include "core/util.h"
 #include "core/err.h"
 #include <errno.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
@@ -17,6 +20,11 @@ void *xmalloc(size_t n) { void *p = malloc(n ? n : 1); if (!p) oom(n); return p;
 void *xcalloc(size_t n, size_t sz) { void *p = calloc(n ? n : 1, sz ? sz : 1); if (!p) oom(n * sz); return p; }
 void *xrealloc(void *p, size_t n) { p = realloc(p, n ? n : 1); if (!p) oom(n); return p; }
 char *xstrdup(const char *s) { size_t n = strlen(s) + 1; char *d = xmalloc(n); memcpy(d, s, n); return d; }
+void release_free_memory(void) {
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
+}
 void *aligned_alloc64(size_t n) {
   size_t r = (n + 63) & ~(size_t)63;
   void *p = aligned_alloc(64, r ? r : 64);

@@ -11,6 +11,9 @@ void *xcalloc(size_t n, size_t sz);
 void *xrealloc(void *p, size_t n);
 char *xstrdup(const char *s);
 void *aligned_alloc64(size_t n);     /* 64-byte aligned, zeroed; free with free() */
+/* Returns freed heap memory to the OS (glibc malloc_trim over every arena);
+ * a no-op with other C libraries. For long-lived processes going idle. */
+void release_free_memory(void);
 
 /* Reads a whole file; returns NULL and sets the error on failure. Adds a NUL. */
 char *read_file(const char *path, size_t *len);

@@ -291,6 +291,7 @@ static void *sched_main(void *arg) {
   scratch x = {.dec = xcalloc((size_t)P, sizeof(job *)), .rest = xcalloc((size_t)P, sizeof(job *)),
                .ss = xcalloc((size_t)P, sizeof(glm53_session *)), .toks = xcalloc((size_t)P, sizeof(int32_t)),
                .pos0 = xcalloc((size_t)P, sizeof(int)), .vocab = glm53_model_vocab_size(S->m)};
+  int busy = 0; /* a round ran since the last trim */
   pthread_mutex_lock(&S->mu);
   for (;;) {
     /* admit */
@@ -305,9 +306,22 @@ static void *sched_main(void *arg) {
     }
     if (!S->active) {
       if (S->quit) break; /* queued jobs are answered below */
+      if (busy) {
+        /* Idle: hand the memory freed by finished requests back to the OS.
+         * glibc keeps freed chunks of its heaps (and of the per-thread
+         * arenas of the connection threads) mapped; how much depends on the
+         * order in which requests of different sizes ran, so without this
+         * an idle server's RSS is a high-water mark that depends on timing. */
+        busy = 0;
+        pthread_mutex_unlock(&S->mu);
+        release_free_memory();
+        pthread_mutex_lock(&S->mu);
+        continue; /* work may have arrived while the lock was dropped */
+      }
       pthread_cond_wait(&S->sched_cv, &S->mu);
       continue;
     }
+    busy = 1;
     int quit = S->quit;
     pthread_mutex_unlock(&S->mu);
     job *done = NULL;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Load test: 32 concurrent streaming clients in two waves against a tiny
+# Load test: 32 concurrent streaming clients in three waves against a tiny
 # model; all complete and well-formed, greedy outputs equal to the same
-# requests alone, RSS stable, /metrics consistent afterwards, and the decode
+# requests alone, RSS not growing wave after wave, /metrics consistent afterwards, and the decode
 # steps really were batched (glm53_decode_batch_* metrics).
 # Usage: bash tests/integration/test_server_load.sh /path/to/glm53
 set -euo pipefail
