@@ -24,10 +24,18 @@ srv_need_node() {
   fi
 }
 
+# srv_bin_is_asan: $BIN is an ASan build. (Not `ldd | grep -q`: under
+# pipefail, grep -q exiting at its match can kill ldd with SIGPIPE and the
+# pipeline then reads as "no match", at random.)
+srv_bin_is_asan() {
+  case "$(ldd "$BIN" 2>/dev/null)" in *libasan*) return 0 ;; esac
+  return 1
+}
+
 # The fixture is also used under ASan (the 8-layer models/tiny runs ~5x slower
 # there; the server code paths are the same) and when SRV_FIXTURE=1.
 srv_model() {
-  if [ "${SRV_FIXTURE:-0}" != 1 ] && ! ldd "$BIN" 2>/dev/null | grep -q asan &&
+  if [ "${SRV_FIXTURE:-0}" != 1 ] && ! srv_bin_is_asan &&
      [ -f models/tiny/config.json ] && [ -f models/tiny/tokenizer.json ] && [ -f models/tiny/model.safetensors ]; then
     SRV_MODEL=models/tiny
   else

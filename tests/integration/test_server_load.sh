@@ -9,7 +9,7 @@ BIN=${1:?usage: $0 /path/to/glm53}
 . tests/integration/server_lib.sh
 srv_need_node
 # ASan keeps freed memory in quarantine, so RSS says nothing there.
-if ldd "$BIN" 2>/dev/null | grep -q asan; then export LOAD_SKIP_RSS=1; fi
+if srv_bin_is_asan; then export LOAD_SKIP_RSS=1; fi
 srv_start --ctx 1024 --parallel 8 --queue 64
 LOAD_CLIENTS=32 LOAD_MAX_TOKENS=8 SRV_PID=$SRV_PID timeout 300 node tests/node/server_load.mjs
 [ "$(srv_metric glm53_active_sessions)" = 0 ] || { echo "FAIL: active sessions not 0 after the load"; exit 1; }
