@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Load test: 32 concurrent streaming clients in three waves against a tiny
 # model; all complete and well-formed, greedy outputs equal to the same
-# requests alone, RSS not growing wave after wave, /metrics consistent afterwards, and the decode
-# steps really were batched (glm53_decode_batch_* metrics).
+# requests alone, idle RSS not growing from wave to wave, /metrics consistent
+# afterwards, and the decode steps really were batched (glm53_decode_batch_*
+# metrics).
 # Usage: bash tests/integration/test_server_load.sh /path/to/glm53
 set -euo pipefail
 BIN=${1:?usage: $0 /path/to/glm53}
