@@ -52,7 +52,7 @@ else()
     set(o ${CMAKE_BINARY_DIR}/glm53gpu_hip/${n}.o)
     add_custom_command(OUTPUT ${o}
       COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_BINARY_DIR}/glm53gpu_hip
-      COMMAND ${GLM53_HIPCC} -x hip --offload-arch=${GLM53_HIP_ARCH} -O2 -fPIC ${hip_defs}
+      COMMAND ${GLM53_HIPCC} -x hip -std=c++17 --offload-arch=${GLM53_HIP_ARCH} -O2 -fPIC ${hip_defs}
               -I${CMAKE_SOURCE_DIR}/src -I${CMAKE_SOURCE_DIR}/include -c ${src} -o ${o}
       DEPENDS ${src} ${GLM53_GPU_HDR} VERBATIM)
     list(APPEND hip_objs ${o})

@@ -130,6 +130,17 @@ int main(int argc, char **argv) {
   glm53_gpu_profile_dump("(warm-up + short-context decode)");
   printf("decode @ctx 64 (%s, %d experts):   %.2f ms/token = %.1f tok/s; weights read %.2f GB/token -> %.0f GB/s (%.0f%% of copy bw)\n",
          mode, E, dt * 1e3, 1 / dt, dbytes / 1e9, dbytes / dt / 1e9, 100.0 * dbytes / dt / 1e9 / bw);
+  if (gk_pdl_supported()) { /* the same without programmatic dependent launch (a fresh session: its own graphs) */
+    gk_force_pdl_off(1);
+    glm53_session *s2 = glm53_session_new(m, 64 + steps + 16);
+    if (!s2) { printf("session: %s\n", glm53_last_error()); return 1; }
+    run(s2, tok, 64, logits);
+    double d2 = decode(s2, steps, tok + 64, logits);
+    printf("decode @ctx 64 without PDL: %.2f ms/token = %.1f tok/s (PDL saves %.2f ms/token)\n", d2 * 1e3, 1 / d2,
+           (d2 - dt) * 1e3);
+    glm53_session_free(s2);
+    gk_force_pdl_off(0);
+  }
   if (g_q4) { /* Q4: decode only (the prefill GEMMs dequantise per call) */
     glm53_session_free(s);
     glm53_model_free(m);

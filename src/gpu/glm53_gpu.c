@@ -526,10 +526,10 @@ static void gpu_session_reset(glm53_session *ss) {
 typedef struct {
   float *X, *mixraw, *post, *comb, *y, *a;
   float *raw, *qkv, *fa, *g, *beta, *z, *o;                  /* KDA */
-  float *r, *q, *ckv, *iq, *iw, *kk, *mo, *score, *qt, *ob, *apart; /* MLA */
+  float *r, *q, *ckv, *iq, *iw, *kk, *kg, *mo, *score, *qt, *ob, *apart; /* MLA */
   int *dense, *npools, *tail, *pools;
   float *logits, *wt, *sg, *su, *pg, *pu, *eo, *xin, *xg, *xu, *xo; /* MoE */
-  int *idx, *prow, *trow;
+  int *idx, *prow, *trow, *grp; /* grp: the pairs grouped per expert (gk_expert_group) */
   float *dg, *du, *h;
   int32_t *tok; /* the upload region (io_layout): tokens, token -> segment, segments */
   int *tseg;
@@ -563,15 +563,16 @@ static size_t layout(const glm53_config *c, int T, int maxpool, size_t part, cha
 #define C_(f, n) carve(base, &off, (n), (void **)&A->f)
   C_(X, Tz * hc * D * F); C_(mixraw, Tz * mix * F); C_(post, Tz * hc * F); C_(comb, Tz * hc * hc * F);
   C_(y, Tz * D * F); C_(a, Tz * D * F);
-  C_(raw, Tz * 3 * inner * F); C_(qkv, Tz * 3 * inner * F); C_(fa, Tz * lhd * F); C_(g, Tz * inner * F);
+  C_(raw, Tz * 3 * inner * F); C_(qkv, Tz * 3 * inner * F); C_(fa, Tz * 2 * lhd * F); /* fa | ga outputs */ C_(g, Tz * inner * F);
   C_(beta, Tz * c->linear_num_heads * F); C_(z, Tz * inner * F); C_(o, Tz * inner * F);
   C_(r, Tz * c->q_lora_rank * F); C_(q, Tz * H * c->qk_nope_head_dim * F); C_(ckv, Tz * c->kv_lora_rank * F);
   C_(iq, Tz * c->index_n_heads * c->index_head_dim * F); C_(iw, Tz * c->index_n_heads * F);
-  C_(kk, Tz * c->index_head_dim * F); C_(mo, Tz * H * c->v_head_dim * F); C_(score, Tz * maxpool * F);
+  C_(kk, Tz * c->index_head_dim * F); C_(kg, Tz * c->index_head_dim * F); C_(mo, Tz * H * c->v_head_dim * F); C_(score, Tz * maxpool * F);
   C_(qt, Tz * H * c->kv_lora_rank * F); C_(ob, Tz * H * c->kv_lora_rank * F);
   C_(apart, (part > 0 ? part : 1) * F); /* MLA split partials (flash-decoding launches only) */
   C_(dense, Tz * 4); C_(npools, Tz * 4); C_(tail, Tz * 4); C_(pools, Tz * K * 4);
   C_(logits, Tz * (E > 0 ? E : 1) * F); C_(idx, Tz * k * 4); C_(wt, Tz * k * F); C_(prow, Tz * k * 4); C_(trow, Tz * k * 4);
+  C_(grp, gk_expert_group_ints((int)(Tz * k), (int)(E > 0 ? E : 1)) * 4);
   C_(sg, Tz * Is * F); C_(su, Tz * Is * F);
   C_(pg, Tz * k * I * F); C_(pu, Tz * k * I * F); C_(eo, Tz * k * D * F);
   C_(xin, Tz * D * F); C_(xg, Tz * I * F); C_(xu, Tz * I * F); C_(xo, Tz * D * F);
@@ -606,28 +607,32 @@ static int ensure_arena(grun *R, const glm53_config *c, int T, int mp, size_t pa
 /* ---------------- forward ---------------- */
 #define TRY(x) do { if (x) return -1; } while (0)
 
+/* gate+up (one fused launch on the GEMV path), then down */
 static int mlp_dev(const gmlp *w, float limit, const float *y, int T, int D, float *g, float *u, float *out) {
   const int I = w->gate.rows;
-  TRY(gk_matmul(&w->gate, y, T, D, g, I));
-  TRY(gk_matmul(&w->up, y, T, D, u, I));
-  TRY(gk_swiglu(g, u, (size_t)T * I, limit));
+  TRY(gk_gate_up(&w->gate, &w->up, y, T, D, g, u, limit));
   return gk_matmul(&w->down, g, T, I, out, D);
 }
 
+/* The KDA projections in two multi-product launches: q, k, v, the two
+ * low-rank first halves (fa | ga side by side) and beta from y, then the
+ * second halves from them; the forget-gate transform runs inside the
+ * recurrence. */
 static int kda_dev(const glm53_config *c, const gkda *w, const gk_batch *b, acts *A, int T) {
   const int D = c->hidden_size, H = c->linear_num_heads, hd = c->linear_head_dim, inner = H * hd, ch = 3 * inner;
-  TRY(gk_matmul(&w->q, A->y, T, D, A->raw, ch));
-  TRY(gk_matmul(&w->k, A->y, T, D, A->raw + inner, ch));
-  TRY(gk_matmul(&w->v, A->y, T, D, A->raw + 2 * inner, ch));
+  const gk_prod p1[] = {{.W = &w->q, .y = A->raw, .ldy = ch},
+                        {.W = &w->k, .y = A->raw + inner, .ldy = ch},
+                        {.W = &w->v, .y = A->raw + 2 * inner, .ldy = ch},
+                        {.W = &w->fa, .y = A->fa, .ldy = 2 * hd},
+                        {.W = &w->ga, .y = A->fa + hd, .ldy = 2 * hd},
+                        {.W = &w->b, .y = A->beta, .ldy = H}};
+  TRY(gk_matmul_multi(p1, 6, A->y, T, D));
+  const gk_prod p2[] = {{.W = &w->fb, .y = A->g, .ldy = inner, .x = A->fa, .ldx = 2 * hd},
+                        {.W = &w->gb, .y = A->z, .ldy = inner, .x = A->fa + hd, .ldx = 2 * hd}};
+  TRY(gk_matmul_multi(p2, 2, NULL, T, 0));
   TRY(gk_kda_conv(A->raw, b, w->conv, T, ch, c->linear_conv_kernel_dim, A->qkv));
   TRY(gk_kda_prep(A->qkv, T, H, hd, 1.0f / sqrtf((float)hd)));
-  TRY(gk_matmul(&w->fa, A->y, T, D, A->fa, hd));
-  TRY(gk_matmul(&w->fb, A->fa, T, hd, A->g, inner));
-  TRY(gk_kda_gate(A->g, w->dt_bias, w->A_log, T, H, hd, c->linear_lower_bound));
-  TRY(gk_matmul(&w->b, A->y, T, D, A->beta, H));
-  TRY(gk_matmul(&w->ga, A->y, T, D, A->fa, hd));
-  TRY(gk_matmul(&w->gb, A->fa, T, hd, A->z, inner));
-  TRY(gk_kda_recur(b, A->qkv, A->g, A->beta, T, H, hd, A->o));
+  TRY(gk_kda_recur_gated(b, A->qkv, A->g, w->dt_bias, w->A_log, c->linear_lower_bound, A->beta, T, H, hd, A->o));
   TRY(gk_kda_out(A->o, A->z, w->o_norm, T, H, hd, c->rms_norm_eps));
   return gk_matmul(&w->o, A->o, T, inner, A->a, D);
 }
@@ -639,22 +644,28 @@ static int mla_dev(const glm53_config *c, const gmla *w, const gk_batch *b, acts
                    const float *hlat, int pos0) {
   const int D = c->hidden_size, H = c->num_attention_heads, nope = c->qk_nope_head_dim, vd = c->v_head_dim;
   const int ql = c->q_lora_rank, kl = c->kv_lora_rank, P = c->index_kpool, K = c->index_topk / c->index_kpool;
-  TRY(gk_matmul(&w->q_a, A->y, T, D, A->r, ql));
+  /* every product of y in one multi-product call, then those of r */
+  gk_prod p1[5] = {{.W = &w->q_a, .y = A->r, .ldy = ql}, {.W = &w->kv_a, .y = A->ckv, .ldy = kl}};
+  int n1 = 2;
+  if (w->has_idx) {
+    const int nh = c->index_n_heads, hd = c->index_head_dim;
+    p1[n1++] = (gk_prod){.W = &w->wproj, .y = A->iw, .ldy = nh};
+    p1[n1++] = (gk_prod){.W = &w->wk, .y = A->kk, .ldy = hd};
+    p1[n1++] = (gk_prod){.W = &w->gate, .y = A->kg, .ldy = hd};
+  }
+  TRY(gk_matmul_multi(p1, n1, A->y, T, D));
   TRY(gk_rmsnorm(A->r, ql, A->r, ql, w->q_a_norm, T, ql, c->rms_norm_eps));
-  TRY(gk_matmul(&w->q_b, A->r, T, ql, A->q, H * nope));
-  TRY(gk_matmul(&w->kv_a, A->y, T, D, A->ckv, kl));
   TRY(gk_rmsnorm(A->ckv, kl, A->ckv, kl, w->kv_a_norm, T, kl, c->rms_norm_eps));
+  gk_prod p2[2] = {{.W = &w->q_b, .y = A->q, .ldy = H * nope}};
+  if (w->has_idx) p2[1] = (gk_prod){.W = &w->wq_b, .y = A->iq, .ldy = c->index_n_heads * c->index_head_dim};
+  TRY(gk_matmul_multi(p2, w->has_idx ? 2 : 1, A->r, T, ql));
   TRY(gk_store_at(b, GK_ST_LATENT, kl, A->ckv, T, kl)); /* latent cache rows at the tokens' positions */
   pr_mark(PR_MLA);
   if (w->has_idx) {
     const int nh = c->index_n_heads, hd = c->index_head_dim;
-    TRY(gk_matmul(&w->wq_b, A->r, T, ql, A->iq, nh * hd));
-    TRY(gk_matmul(&w->wproj, A->y, T, D, A->iw, nh));
-    TRY(gk_matmul(&w->wk, A->y, T, D, A->kk, hd));
     TRY(gk_layernorm(A->kk, hd, A->kk, hd, w->knw, w->knb, T, hd, 1e-6f));
     TRY(gk_store_at(b, GK_ST_IK, hd, A->kk, T, hd));
-    TRY(gk_matmul(&w->gate, A->y, T, D, A->kk, hd));
-    TRY(gk_store_at(b, GK_ST_IS, hd, A->kk, T, hd));
+    TRY(gk_store_at(b, GK_ST_IS, hd, A->kg, T, hd));
     TRY(gk_pool_keys(b, w->ape, P, hd));
     TRY(gk_indexer_scores(A->iq, A->iw, b, T, P, nh, hd, K, maxpool, A->score));
     TRY(gk_select(A->score, b, T, P, K, maxpool, c->index_kpool_always_select_tail, A->dense, A->npools, A->tail, A->pools));
@@ -738,49 +749,50 @@ static int moe_stream(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
     else rc = gpu_xcache_ready(x, l, u[i]) || expert_dev(c, G, A, T, u[i], cnt) || gpu_xcache_done(x, l, u[i]);
   }
   free(cnt); free(u); free(placed);
-  if (rc) return -1;
-  return gk_moe_combine(A->a, A->eo, A->idx, A->wt, T, k, D);
+  return rc ? -1 : 0; /* the routed outputs are added by gk_mhc_post_moe */
 }
 
+/* A MoE layer: the shared expert into A->a, the routed outputs per pair
+ * into A->eo (added to A->a by record()'s gk_mhc_post_moe). */
 static int moe_dev(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
   const glayer *G = &g->layers[l];
   if (g->xc.active && g->xc.L[l].nstreamed > 0) return moe_stream(c, g, l, A, T);
   const int D = c->hidden_size, E = c->n_routed_experts, k = c->num_experts_per_tok, I = c->moe_intermediate_size;
-  TRY(gk_matmul(&G->router, A->y, T, D, A->logits, E));
+  const int Is = G->shared.gate.rows, np = T * k;
+  const float lim = c->swiglu_limit;
+  const gk_prod p[] = {{.W = &G->router, .y = A->logits, .ldy = E},
+                       {.W = &G->shared.gate, .y = A->sg, .ldy = Is, .W2 = &G->shared.up, .u = A->su, .limit = lim}};
+  TRY(gk_matmul_multi(p, 2, A->y, T, D));
   TRY(gk_moe_route(A->logits, G->bias, T, E, k, c->n_group, c->topk_group, c->norm_topk_prob, c->routed_scaling_factor,
                    A->idx, A->wt));
-  TRY(mlp_dev(&G->shared, c->swiglu_limit, A->y, T, D, A->sg, A->su, A->a));
-  if (T < gk_gemm_min()) { /* decode: one GEMV launch per projection over all (token, expert) pairs */
-    const int np = T * k;
-    TRY(gk_matmul_experts(G->d_exp, 0, G->efmt, I, D, A->idx, np, k, 1, A->y, D, A->pg, I));
-    TRY(gk_matmul_experts(G->d_exp, 1, G->efmt, I, D, A->idx, np, k, 1, A->y, D, A->pu, I));
-    TRY(gk_swiglu(A->pg, A->pu, (size_t)np * I, c->swiglu_limit));
-    TRY(gk_matmul_experts(G->d_exp, 2, G->efmt, D, I, A->idx, np, k, 0, A->pg, I, A->eo, D));
-  } else { /* prefill: group the pairs by expert on the host, one GEMM per used expert */
-    const int np = T * k;
-    int *idx = xmalloc((size_t)np * sizeof(int)), *cnt = xcalloc((size_t)E + 1, sizeof(int));
-    int *prow = xmalloc((size_t)np * sizeof(int)), *trow = xmalloc((size_t)np * sizeof(int));
-    if (gk_d2h(idx, A->idx, (size_t)np * sizeof(int))) { free(idx); free(cnt); free(prow); free(trow); return -1; }
-    for (int p = 0; p < np; p++)
-      if (idx[p] >= 0) cnt[idx[p] + 1]++;
-    for (int e = 0; e < E; e++) cnt[e + 1] += cnt[e];
-    int *fill = xmalloc((size_t)E * sizeof(int));
-    memcpy(fill, cnt, (size_t)E * sizeof(int));
-    for (int p = 0; p < np; p++)
-      if (idx[p] >= 0) { prow[fill[idx[p]]] = p; trow[fill[idx[p]]++] = p / k; }
-    int rc = gk_h2d(A->prow, prow, (size_t)np * sizeof(int)) || gk_h2d(A->trow, trow, (size_t)np * sizeof(int));
-    for (int e = 0; e < E && !rc; e++) {
-      int n = cnt[e + 1] - cnt[e];
-      if (!n) continue;
-      gmlp x = {G->h_exp[e * 3], G->h_exp[e * 3 + 1], G->h_exp[e * 3 + 2]};
-      rc = gk_gather_rows(A->xin, A->y, A->trow + cnt[e], n, D) ||
-           mlp_dev(&x, c->swiglu_limit, A->xin, n, D, A->xg, A->xu, A->xo) ||
-           gk_scatter_rows(A->eo, A->xo, A->prow + cnt[e], n, D);
-    }
-    free(idx); free(cnt); free(prow); free(trow); free(fill);
-    if (rc) return -1;
+  TRY(gk_matmul(&G->shared.down, A->sg, T, Is, A->a, D));
+  if (T < gk_gemm_min()) { /* decode: pairs grouped per expert on the device, each expert's weights read once */
+    TRY(gk_expert_group(A->idx, np, E, A->grp));
+    TRY(gk_experts_grouped(G->d_exp, 0, 1, lim, G->efmt, I, D, A->grp, A->idx, np, E, k, 1, A->y, D, A->pg, I, A->pu));
+    return gk_experts_grouped(G->d_exp, 2, 0, 0.f, G->efmt, D, I, A->grp, A->idx, np, E, k, 0, A->pg, I, A->eo, D, NULL);
   }
-  return gk_moe_combine(A->a, A->eo, A->idx, A->wt, T, k, D);
+  /* prefill: group the pairs by expert on the host, one GEMM per used expert */
+  int *idx = xmalloc((size_t)np * sizeof(int)), *cnt = xcalloc((size_t)E + 1, sizeof(int));
+  int *prow = xmalloc((size_t)np * sizeof(int)), *trow = xmalloc((size_t)np * sizeof(int));
+  if (gk_d2h(idx, A->idx, (size_t)np * sizeof(int))) { free(idx); free(cnt); free(prow); free(trow); return -1; }
+  for (int q = 0; q < np; q++)
+    if (idx[q] >= 0) cnt[idx[q] + 1]++;
+  for (int e = 0; e < E; e++) cnt[e + 1] += cnt[e];
+  int *fill = xmalloc((size_t)E * sizeof(int));
+  memcpy(fill, cnt, (size_t)E * sizeof(int));
+  for (int q = 0; q < np; q++)
+    if (idx[q] >= 0) { prow[fill[idx[q]]] = q; trow[fill[idx[q]]++] = q / k; }
+  int rc = gk_h2d(A->prow, prow, (size_t)np * sizeof(int)) || gk_h2d(A->trow, trow, (size_t)np * sizeof(int));
+  for (int e = 0; e < E && !rc; e++) {
+    int n = cnt[e + 1] - cnt[e];
+    if (!n) continue;
+    gmlp x = {G->h_exp[e * 3], G->h_exp[e * 3 + 1], G->h_exp[e * 3 + 2]};
+    rc = gk_gather_rows(A->xin, A->y, A->trow + cnt[e], n, D) ||
+         mlp_dev(&x, lim, A->xin, n, D, A->xg, A->xu, A->xo) ||
+         gk_scatter_rows(A->eo, A->xo, A->prow + cnt[e], n, D);
+  }
+  free(idx); free(cnt); free(prow); free(trow); free(fill);
+  return rc ? -1 : 0;
 }
 
 static int site(const glm53_config *c, const ghc *hw, const float *norm_w, acts *A, int T) {
@@ -827,7 +839,8 @@ static int record(const fwd *f) {
     if (c->mlp_layer_types[l] == MLP_DENSE) TRY(mlp_dev(&G->dense, c->swiglu_limit, A->y, T, D, A->dg, A->du, A->a));
     else TRY(moe_dev(c, g, l, A, T));
     pr_mark(c->mlp_layer_types[l] == MLP_DENSE ? PR_DENSE : PR_MOE);
-    TRY(gk_mhc_post(A->X, A->a, A->post, A->comb, T, hc, D));
+    if (c->mlp_layer_types[l] == MLP_DENSE) TRY(gk_mhc_post(A->X, A->a, A->post, A->comb, T, hc, D));
+    else TRY(gk_mhc_post_moe(A->X, A->a, A->eo, A->idx, A->wt, c->num_experts_per_tok, A->post, A->comb, T, hc, D));
     pr_mark(PR_MHC);
   }
   if (f->nlog > 0) {
@@ -887,6 +900,9 @@ static int run_forward(const glm53_model *m, grun *R, const gk_seg *seg, int nse
    * the same key so no scratch grows inside. Streaming experts needs the
    * routing on the host: no graph then. */
   const gmodel *gm = m->backend_model;
+  /* programmatic dependent launch between the kernels (gk_common.cuh),
+   * except while experts stream: their kernels also wait on copy events */
+  gk_set_pdl(!gm->xc.active);
   const int graph = graphs_enabled() && !gm->xc.active && !R->graph_off && maxlen == 1 && nlog == T && T < GRAPH_T &&
                     T < gk_gemm_min() && !pr_on;
   ggraph *G = graph ? &R->g[T] : NULL;

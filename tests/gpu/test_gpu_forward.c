@@ -6,7 +6,8 @@
  *  - prefill + decode splits vs one prefill on the GPU: with the cuBLAS path
  *    for long chunks (GLM53_GPU_GEMM_MIN default) within 2e-4, and with the
  *    GEMV path everywhere bit for bit;
- *  - two GPU runs bitwise identical;
+ *  - two GPU runs bitwise identical, and identical with programmatic
+ *    dependent launch off (one prefill; every token a decode step);
  *  - a GPU fault (GLM53_FAULT) mid-decode, glm53_session_fallback_cpu, and
  *    the session continues on the CPU with logits identical to a pure CPU run.
  * No device: SKIP. */
@@ -25,9 +26,10 @@ static void check_model(int topk, int kpool, int shared, uint64_t seed) {
   trng r = {seed + 77};
   for (int i = 0; i < n; i++) tok[i] = (int32_t)(trng_u64(&r) % V);
   float *cpu = xmalloc((size_t)n * V * 4), *full = xmalloc((size_t)n * V * 4), *other = xmalloc((size_t)n * V * 4);
+  float *alt = xmalloc((size_t)n * V * 4);
   fx_run_chunks(m, tok, n, (int[]){n, 0}, cpu);
   CHECK(glm53_backend_select(m, "gpu") == 0, "gpu backend: %s", glm53_last_error());
-  if (strcmp(glm53_model_backend(m), "gpu")) { free(tok); free(cpu); free(full); free(other); glm53_model_free(m); return; }
+  if (strcmp(glm53_model_backend(m), "gpu")) { free(tok); free(cpu); free(full); free(other); free(alt); glm53_model_free(m); return; }
   static const int patterns[][6] = {{1, 0}, {5, 0}, {3, 7, 2, 0}, {64, 1, 0}};
   for (int mode = 0; mode < 2; mode++) {
     gk_set_gemm_min(mode ? 1 << 30 : 0); /* 0: default (cuBLAS for >= 32 tokens); 1: GEMV only */
@@ -43,9 +45,27 @@ static void check_model(int topk, int kpool, int shared, uint64_t seed) {
       if (mode) CHECK(d == 0.0f, "gemv mode, pattern %zu: prefill/decode differ by %g", p, d);
       else CHECK(d <= 2e-4f, "pattern %zu: prefill/decode differ by %g", p, d);
     }
+    /* programmatic dependent launch changes when kernels start, never the
+     * bits: one prefill and the all-decode pattern (graph replays) without it */
+    if (gk_pdl_supported()) {
+      gk_force_pdl_off(1);
+      for (int q = 0; q < 2; q++) {
+        fx_run_chunks(m, tok, n, q ? patterns[0] : (int[]){n, 0}, alt);
+        fx_run_chunks(m, tok, n, q ? patterns[0] : (int[]){n, 0}, other);
+        gk_force_pdl_off(0);
+        fx_run_chunks(m, tok, n, q ? patterns[0] : (int[]){n, 0}, full);
+        gk_force_pdl_off(1);
+        CHECK(memcmp(alt, other, (size_t)n * V * 4) == 0 && memcmp(full, other, (size_t)n * V * 4) == 0,
+              "mode %d %s: logits with and without PDL differ", mode, q ? "decode" : "prefill");
+      }
+      gk_force_pdl_off(0);
+      printf("topk=%d kpool=%d %s: PDL on/off bitwise identical\n", topk, kpool, mode ? "gemv" : "cublas");
+    } else {
+      printf("PDL not supported on this device/build: on/off comparison skipped\n");
+    }
   }
   gk_set_gemm_min(0);
-  free(tok); free(cpu); free(full); free(other);
+  free(tok); free(cpu); free(full); free(other); free(alt);
   glm53_model_free(m);
 }
 

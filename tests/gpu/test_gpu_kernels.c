@@ -7,9 +7,15 @@
  * groups below the 16-byte chunk, Q8, bf16, f32), odd row counts, columns
  * not a multiple of 256, n = 1..9 and 33, x rows not 16-byte aligned, a
  * misaligned weight base: against wmat_matmul (1e-5 relative) and each
- * token bitwise equal to its n = 1 result; the routed-expert launch with
+ * token bitwise equal to its n = 1 result, to the unpipelined v4 and
+ * without x staging; the routed-expert launch with
  * pairs routed to -1 (zeros), against the reference and per-expert launches
  * (bitwise); the previous kernels (versions 1, 2) still within tolerance.
+ * The fused launches, each bitwise equal to the kernels it replaces, with
+ * programmatic dependent launch on and off: multi-product GEMV (formats,
+ * own x, fused gate+up), routed experts grouped per expert (every group
+ * width, -1 pairs), the KDA recurrence with its gate, the mHC post with the
+ * MoE combine.
  * No device: SKIP. */
 #include "gpu_test.h"
 #include "gpu/kernels/gk.h"
@@ -102,6 +108,20 @@ static void gemv_case(int fmt, int rows, int cols, int group, int sbf16, int shi
     worst = fmax(worst, rel(got, ref, (size_t)n * rows));
     bits &= !memcmp(got, one, (size_t)n * rows * 4);
   }
+  if (ver == 0) { /* v4 (unpipelined loads) and x read from global memory (no staging) give the same bits */
+    gk_set_gemv_version(4);
+    rc |= gk_matmul(&m.g, dx, NMAX, cols, dy, rows);
+    rc |= gk_d2h(got, dy, (size_t)NMAX * rows * 4);
+    bits &= !memcmp(got, one, (size_t)NMAX * rows * 4);
+    gk_set_gemv_version(0);
+    gk_set_gemv_xs(0);
+    for (int n = 1; n <= 2; n++) {
+      rc |= gk_matmul(&m.g, dx, n, cols, dy, rows);
+      rc |= gk_d2h(got, dy, (size_t)n * rows * 4);
+      bits &= !memcmp(got, one, (size_t)n * rows * 4);
+    }
+    gk_set_gemv_xs(2);
+  }
   gk_set_gemv_version(0);
   char nm[96];
   snprintf(nm, sizeof nm, "v%d %s g%d %s %dx%d%s", ver ? ver : 3, fname(fmt), fmt >= WMAT_Q8 ? group : 0,
@@ -152,6 +172,11 @@ static void experts_case(int fmt, int group, int sbf16, int rows, int cols, int 
     if (idx[p] < 0)
       for (int r = 0; r < rows; r++) zeros &= got[(size_t)p * rows + r] == 0.f && got2[(size_t)p * rows + r] == 0.f;
   int same = !memcmp(got, got2, (size_t)P * rows * 4);
+  gk_set_gemv_xs(0); /* x from global memory: the same bits */
+  rc |= gk_matmul_experts(dset, 1, fmt, rows, cols, didx, P, K, xpt, dx, cols, dy, rows);
+  rc |= gk_d2h(got2, dy, (size_t)P * rows * 4);
+  gk_set_gemv_xs(2);
+  same &= !memcmp(got, got2, (size_t)P * rows * 4);
   char nm[80];
   snprintf(nm, sizeof nm, "experts %s g%d %dx%d x_per_token=%d", fname(fmt), fmt >= WMAT_Q8 ? group : 0, rows, cols, xpt);
   CHECK(rc == 0, "%s: %s", nm, gk_error());
@@ -163,6 +188,185 @@ static void experts_case(int fmt, int group, int sbf16, int rows, int cols, int 
   gk_free(dset); gk_free(didx); gk_free(dx); gk_free(dy);
   free(x); free(ref); free(got); free(got2);
   for (int e = 0; e < E; e++) tmat_free(&m[e]);
+}
+
+/* ---- fused launches: each bitwise equal to the unfused kernels ---- */
+static float *dvec(size_t n, float lo, float hi, float **host) {
+  float *h = xmalloc(n * 4), *d = gk_malloc(n * 4);
+  for (size_t i = 0; i < n; i++) h[i] = lo + (hi - lo) * 0.5f * (rf() + 1.0f);
+  gk_h2d(d, h, n * 4);
+  if (host) *host = h;
+  else free(h);
+  return d;
+}
+static int dsame(const float *a, const float *b, size_t n) {
+  float *x = xmalloc(n * 4), *y = xmalloc(n * 4);
+  int ok = !gk_d2h(x, a, n * 4) && !gk_d2h(y, b, n * 4) && !memcmp(x, y, n * 4);
+  free(x); free(y);
+  return ok;
+}
+
+/* gk_matmul_multi (7 Q4 products: two launches; other formats; a product
+ * with its own x; a fused gate+up entry) and gk_gate_up against separate
+ * gk_matmul / gk_swiglu, n = 1..9 */
+static void multi_case(void) {
+  enum { NP = 12, D = 4096, NMAX = 9 };
+  static const int spec[NP][3] = {{WMAT_Q4, 301, 32}, {WMAT_Q4, 37, 32}, {WMAT_Q4, 3, 64}, {WMAT_Q4, 64, 32},
+                                  {WMAT_Q4, 9, 128},  {WMAT_Q4, 130, 32}, {WMAT_Q4, 1, 32}, {WMAT_BF16, 70, 0},
+                                  {WMAT_F32, 24, 0},  {WMAT_Q8, 130, 32}, {WMAT_BF16, 5, 0}, {WMAT_Q4, 96, 32}};
+  tmat m[NP + 1], own;
+  for (int i = 0; i < NP; i++) tmat_new(&m[i], spec[i][0], spec[i][1], D, spec[i][2], i & 1, 0);
+  tmat_new(&m[NP], WMAT_Q4, 96, D, 32, 1, 0); /* the up matrix of the fused entry (gate = m[NP-1]) */
+  tmat_new(&own, WMAT_Q8, 33, 1000, 8, 0, 0);
+  float *dx = dvec((size_t)NMAX * D, -1, 1, NULL), *dxo = dvec((size_t)NMAX * 1001, -1, 1, NULL);
+  float *y1[NP + 1], *y2[NP + 1], *du = gk_malloc((size_t)NMAX * 96 * 4);
+  for (int i = 0; i <= NP; i++) {
+    const int rows = i == NP ? 33 : m[i].g.rows;
+    y1[i] = gk_malloc((size_t)NMAX * (rows + 3) * 4);
+    y2[i] = gk_malloc((size_t)NMAX * (rows + 3) * 4);
+  }
+  int rc = 0, bits = 1;
+  for (int n = 1; n <= NMAX; n++) {
+    gk_prod p[NP + 1];
+    for (int i = 0; i < NP; i++) {
+      p[i] = (gk_prod){.W = &m[i].g, .y = y1[i], .ldy = m[i].g.rows + (i == NP - 1 ? 0 : 3)};
+      rc |= gk_memset(y1[i], 0x7f, (size_t)NMAX * (m[i].g.rows + 3) * 4);
+    }
+    p[NP - 1].W2 = &m[NP].g;
+    p[NP - 1].u = du;
+    p[NP - 1].limit = 1.5f;
+    p[NP] = (gk_prod){.W = &own.g, .y = y1[NP], .ldy = 33, .x = dxo, .ldx = 1001};
+    rc |= gk_matmul_multi(p, NP + 1, dx, n, D);
+    for (int i = 0; i < NP - 1; i++) rc |= gk_matmul(&m[i].g, dx, n, D, y2[i], m[i].g.rows + 3);
+    rc |= gk_gate_up(&m[NP - 1].g, &m[NP].g, dx, n, D, y2[NP - 1], du, 1.5f);
+    rc |= gk_matmul(&own.g, dxo, n, 1001, y2[NP], 33);
+    for (int i = 0; i <= NP; i++) {
+      const int rows = i == NP ? 33 : m[i].g.rows, ld = i >= NP - 1 ? rows : rows + 3;
+      float *a = xmalloc((size_t)n * ld * 4), *b = xmalloc((size_t)n * ld * 4);
+      rc |= gk_d2h(a, y1[i], (size_t)n * ld * 4) || gk_d2h(b, y2[i], (size_t)n * ld * 4);
+      for (int t = 0; t < n; t++) bits &= !memcmp(a + (size_t)t * ld, b + (size_t)t * ld, (size_t)rows * 4);
+      free(a); free(b);
+    }
+    /* the fused launch against the unfused kernels */
+    float *dg = gk_malloc((size_t)n * 96 * 4);
+    rc |= gk_matmul(&m[NP - 1].g, dx, n, D, dg, 96) || gk_matmul(&m[NP].g, dx, n, D, du, 96) ||
+          gk_swiglu(dg, du, (size_t)n * 96, 1.5f);
+    bits &= dsame(dg, y2[NP - 1], (size_t)n * 96);
+    gk_free(dg);
+  }
+  CHECK(rc == 0, "multi-product launch: %s", gk_error());
+  CHECK(bits, "multi-product / fused gate+up launches differ from the separate products");
+  printf("gemv multi-product launch (13 products, 4 formats, own x, fused gate+up), n=1..9: bitwise %s\n",
+         bits ? "yes" : "NO");
+  for (int i = 0; i <= NP; i++) { gk_free(y1[i]); gk_free(y2[i]); tmat_free(&m[i]); }
+  tmat_free(&own);
+  gk_free(dx); gk_free(dxo); gk_free(du);
+}
+
+/* gk_expert_group + gk_experts_grouped (gate+up fused, and down) against
+ * the per-pair launches, T tokens x K slots over E experts (pairs per
+ * expert 1..8, so every group width), some pairs routed to -1 */
+static void grouped_case(int fmt, int group, int I, int D) {
+  enum { E = 5, K = 3, TMAX = 14 };
+  static const int Ts[] = {1, 2, 5, 12, 14};
+  tmat m[E * 3];
+  gpu_mat h[E * 3];
+  for (int e = 0; e < E; e++)
+    for (int w = 0; w < 3; w++) {
+      tmat_new(&m[e * 3 + w], fmt, w == 2 ? D : I, w == 2 ? I : D, group, e & 1, 0);
+      h[e * 3 + w] = m[e * 3 + w].g;
+    }
+  gpu_mat *dset = gk_malloc(sizeof h);
+  gk_h2d(dset, h, sizeof h);
+  const int PM = TMAX * K;
+  float *dx = dvec((size_t)TMAX * D, -1, 1, NULL);
+  float *g1 = gk_malloc((size_t)PM * I * 4), *u1 = gk_malloc((size_t)PM * I * 4), *g2 = gk_malloc((size_t)PM * I * 4);
+  float *o1 = gk_malloc((size_t)PM * D * 4), *o2 = gk_malloc((size_t)PM * D * 4);
+  int *didx = gk_malloc(PM * 4), *grp = gk_malloc(gk_expert_group_ints(PM, E) * 4);
+  int rc = 0, bits = 1;
+  for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++) {
+    const int T = Ts[ti], np = T * K;
+    int idx[14 * 3];
+    for (int t = 0; t < T; t++) /* distinct experts per token, or -1 */
+      for (int j = 0; j < K; j++) {
+        int e;
+        do e = (int)(rnd() % (E + 1)) - 1; while (e >= 0 && ((j > 0 && idx[t * K] == e) || (j > 1 && idx[t * K + 1] == e)));
+        idx[t * K + j] = e;
+      }
+    rc |= gk_h2d(didx, idx, np * 4);
+    rc |= gk_memset(g2, 0x7f, (size_t)PM * I * 4) || gk_memset(o2, 0x7f, (size_t)PM * D * 4);
+    rc |= gk_matmul_experts(dset, 0, fmt, I, D, didx, np, K, 1, dx, D, g1, I) ||
+          gk_matmul_experts(dset, 1, fmt, I, D, didx, np, K, 1, dx, D, u1, I) || gk_swiglu(g1, u1, (size_t)np * I, 1.5f) ||
+          gk_matmul_experts(dset, 2, fmt, D, I, didx, np, K, 0, g1, I, o1, D);
+    rc |= gk_expert_group(didx, np, E, grp) ||
+          gk_experts_grouped(dset, 0, 1, 1.5f, fmt, I, D, grp, didx, np, E, K, 1, dx, D, g2, I, u1) ||
+          gk_experts_grouped(dset, 2, 0, 0.f, fmt, D, I, grp, didx, np, E, K, 0, g2, I, o2, D, NULL);
+    bits &= dsame(g1, g2, (size_t)np * I) && dsame(o1, o2, (size_t)np * D);
+  }
+  char nm[64];
+  snprintf(nm, sizeof nm, "%s g%d %dx%d", fname(fmt), fmt >= WMAT_Q8 ? group : 0, I, D);
+  CHECK(rc == 0, "grouped experts %s: %s", nm, gk_error());
+  CHECK(bits, "grouped experts %s: differ from the per-pair launches", nm);
+  printf("gemv grouped experts %-24s T=1..14 (group widths 1-8, -1 pairs): bitwise %s\n", nm, bits ? "yes" : "NO");
+  for (int i = 0; i < E * 3; i++) tmat_free(&m[i]);
+  gk_free(dset); gk_free(dx); gk_free(g1); gk_free(u1); gk_free(g2); gk_free(o1); gk_free(o2); gk_free(didx); gk_free(grp);
+}
+
+/* gk_kda_recur_gated against gk_kda_gate + gk_kda_recur (output and state) */
+static void kda_gated_case(float lb) {
+  const int T = 6, H = 3, hd = 64, inner = H * hd, ch = 3 * inner;
+  float *hs = NULL;
+  float *qkv = dvec((size_t)T * ch, -0.3f, 0.3f, NULL), *graw = dvec((size_t)T * inner, -3, 3, NULL);
+  float *dtb = dvec(inner, -0.5f, 0.5f, NULL), *Al = dvec(H, -0.5f, 0.5f, NULL), *bl = dvec((size_t)T * H, -2, 2, NULL);
+  float *S1 = dvec((size_t)H * hd * hd, -0.2f, 0.2f, &hs), *S2 = gk_malloc((size_t)H * hd * hd * 4);
+  float *g = gk_malloc((size_t)T * inner * 4), *o1 = gk_malloc((size_t)T * inner * 4), *o2 = gk_malloc((size_t)T * inner * 4);
+  gk_h2d(S2, hs, (size_t)H * hd * hd * 4);
+  gk_d2d(g, graw, (size_t)T * inner * 4);
+  gk_lstate ls[2];
+  memset(ls, 0, sizeof ls);
+  ls[0].p[GK_ST_S] = S1;
+  ls[1].p[GK_ST_S] = S2;
+  gk_lstate *dls = gk_malloc(sizeof ls);
+  gk_h2d(dls, ls, sizeof ls);
+  gk_seg seg[2] = {{.ls = dls, .t0 = 0, .len = T, .pos0 = 5}, {.ls = dls + 1, .t0 = 0, .len = T, .pos0 = 5}};
+  gk_seg *dseg = gk_malloc(sizeof seg);
+  int *tseg = gk_malloc((size_t)T * 4);
+  gk_h2d(dseg, seg, sizeof seg);
+  gk_memset(tseg, 0, (size_t)T * 4);
+  gk_batch b1 = {.seg = dseg, .tseg = tseg, .nseg = 1, .maxlen = T}, b2 = b1;
+  b2.seg = dseg + 1;
+  int rc = gk_kda_gate(g, dtb, Al, T, H, hd, lb) || gk_kda_recur(&b1, qkv, g, bl, T, H, hd, o1) ||
+           gk_kda_recur_gated(&b2, qkv, graw, dtb, Al, lb, bl, T, H, hd, o2);
+  const int bits = !rc && dsame(o1, o2, (size_t)T * inner) && dsame(S1, S2, (size_t)H * hd * hd);
+  CHECK(rc == 0, "kda gated recurrence: %s", gk_error());
+  CHECK(bits, "kda gated recurrence (lower bound %g) differs from gate + recurrence", lb);
+  printf("kda recurrence with the gate fused (lower bound %g): output and state bitwise %s\n", lb, bits ? "yes" : "NO");
+  free(hs);
+  gk_free(qkv); gk_free(graw); gk_free(dtb); gk_free(Al); gk_free(bl); gk_free(S1); gk_free(S2); gk_free(g);
+  gk_free(o1); gk_free(o2); gk_free(dls); gk_free(dseg); gk_free(tseg);
+}
+
+/* gk_mhc_post_moe against gk_moe_combine + gk_mhc_post */
+static void mhc_post_moe_case(void) {
+  const int T = 5, hc = 4, D = 300, K = 4;
+  float *hX = NULL;
+  float *X1 = dvec((size_t)T * hc * D, -1, 1, &hX), *X2 = gk_malloc((size_t)T * hc * D * 4);
+  float *a1 = dvec((size_t)T * D, -1, 1, NULL), *a2 = gk_malloc((size_t)T * D * 4);
+  float *eo = dvec((size_t)T * K * D, -1, 1, NULL), *wt = dvec((size_t)T * K, 0, 1, NULL);
+  float *post = dvec((size_t)T * hc, 0, 2, NULL), *comb = dvec((size_t)T * hc * hc, 0, 1, NULL);
+  const int idx[5 * 4] = {7, 2, 9, 0, -1, 3, 1, -1, 5, 4, 6, 8, -1, -1, -1, -1, 11, 10, 2, 12};
+  int *didx = gk_malloc(sizeof idx);
+  gk_h2d(didx, idx, sizeof idx);
+  gk_h2d(X2, hX, (size_t)T * hc * D * 4);
+  gk_d2d(a2, a1, (size_t)T * D * 4);
+  int rc = gk_moe_combine(a1, eo, didx, wt, T, K, D) || gk_mhc_post(X1, a1, post, comb, T, hc, D) ||
+           gk_mhc_post_moe(X2, a2, eo, didx, wt, K, post, comb, T, hc, D);
+  const int bits = !rc && dsame(X1, X2, (size_t)T * hc * D);
+  CHECK(rc == 0, "mhc post + moe: %s", gk_error());
+  CHECK(bits, "mhc post with the MoE combine fused differs from combine + post");
+  printf("mhc post with the MoE combine fused: bitwise %s\n", bits ? "yes" : "NO");
+  free(hX);
+  gk_free(X1); gk_free(X2); gk_free(a1); gk_free(a2); gk_free(eo); gk_free(wt); gk_free(post); gk_free(comb); gk_free(didx);
 }
 
 int main(void) {
@@ -179,6 +383,7 @@ int main(void) {
     }
   }
 
+  gk_set_gemv_xs(2);        /* stage x for Q8 as well as Q4: each staged result is compared with x from global memory */
   gk_set_gemm_min(1 << 30); /* the GEMV for every n */
   /* f32 / bf16: odd rows, cols not a multiple of 256 (nor of the chunk) */
   gemv_case(WMAT_F32, 37, 2060, 0, 1, 0, 0);
@@ -215,5 +420,24 @@ int main(void) {
   experts_case(WMAT_Q8, 32, 1, 70, 4096, 1);
   experts_case(WMAT_Q8, 64, 0, 300, 2048, 0);
   experts_case(WMAT_F32, 0, 1, 40, 1000, 1);
+  /* fused launches, with PDL on (the default where supported) and off */
+  for (int pdl = 1; pdl >= 0; pdl--) {
+    gk_force_pdl_off(!pdl);
+    gk_set_gemv_xs(pdl ? 2 : 0);
+    printf("-- fused launches, PDL %s, x staging %s\n", pdl && gk_pdl_supported() ? "on" : "off", pdl ? "Q8+Q4" : "off");
+    gk_set_gemm_min(1 << 30);
+    multi_case();
+    grouped_case(WMAT_Q4, 32, 256, 1024);
+    grouped_case(WMAT_Q4, 128, 70, 2048);
+    grouped_case(WMAT_Q8, 32, 96, 1024);
+    grouped_case(WMAT_BF16, 0, 130, 520);
+    grouped_case(WMAT_F32, 0, 40, 1000);
+    gk_set_gemm_min(0);
+    kda_gated_case(-5.0f);
+    kda_gated_case(NAN);
+    mhc_post_moe_case();
+  }
+  gk_force_pdl_off(0);
+  gk_set_gemv_xs(-1);
   TEST_DONE();
 }

@@ -7,7 +7,9 @@
 #         present, the CLI cross-checks (quality --compare-backends, greedy
 #         run on gpu vs cpu vs streamed experts);
 #  bench: the GEMV microbenchmark, the full-dimension model (45 layers bf16
-#         and Q4, the 6-layer streamed-expert sweep) and batch scaling.
+#         and Q4, the 6-layer streamed-expert sweep), each GEMV/Q4 run again
+#         without x staging, a per-stage profile (GLM53_GPU_PROFILE=1), and
+#         batch scaling.
 # Everything goes to stdout (tee it into $OUT/log.txt). A deadline
 # (DEADLINE seconds after start, default 540) bounds every step.
 set -u
@@ -37,7 +39,9 @@ if [ "$PART" != bench ]; then
     esac
   done
   if [ -n "$SAN" ]; then
-    for n in test_gpu_kernels test_gpu_forward test_gpu_batch; do
+    # the forward and batch tests run past two minutes under memcheck:
+    # MEMCHECK="test_gpu_kernels test_gpu_forward test_gpu_batch" for all
+    for n in ${MEMCHECK:-test_gpu_kernels}; do
       have $n && step "memcheck.$n" 120 "$SAN" --tool memcheck --error-exitcode 9 "$D/$n"
     done
   fi
@@ -56,6 +60,9 @@ if [ "$PART" != tests ]; then
   step gpu_decode.bf16 150 env "$D/gpu_decode" 32 16 bf16 45
   step gpu_decode.q4 80 env "$D/gpu_decode" 64 16 q4 45
   step gpu_decode.stream 60 env "$D/gpu_decode" 32 12 stream
+  have gpu_gemv && step gpu_gemv.noxs 90 env GLM53_GPU_GEMV_XS=0 "$D/gpu_gemv"
+  step gpu_decode.q4.noxs 80 env GLM53_GPU_GEMV_XS=0 "$D/gpu_decode" 64 16 q4 45
+  step gpu_decode.profile 150 env GLM53_GPU_PROFILE=1 "$D/gpu_decode" 32 8 bf16 45
   have gpu_batch && step gpu_batch 150 env "$D/gpu_batch"
   have gpu_batch && step gpu_batch.gemm_min4 150 env GLM53_GPU_GEMM_MIN=4 "$D/gpu_batch"
 fi

@@ -60,6 +60,11 @@ void gk_set_gemv_version(int v);
  * and path, docs/gpu.md; <= 0 restores it). Changes the split counts, hence
  * the bits. */
 void gk_set_gemv_split_target(int warps);
+/* bench/tests: 1 stages each block's x in shared memory for Q4 at 1-2
+ * tokens per block (the default, docs/gpu.md), 2 for Q8 and Q4, 0 reads it
+ * from global memory ($GLM53_GPU_GEMV_XS=0/1/2), -1 back to the
+ * environment; same bits */
+void gk_set_gemv_xs(int on);
 /* Routed experts, small-n path: for pair p (token p / k, slot p % k) with
  * e = idx[p] >= 0, Y[p] = Wset[e*3 + which] * X[xrow(p)], xrow = p / k when
  * x_per_token, else p. Pairs with idx < 0 get zeros. */
@@ -70,6 +75,47 @@ int gk_matmul_experts(const gpu_mat *d_wset, int which, int fmt, int rows, int c
  * all-pairs launch gives it (expert streaming computes expert by expert). */
 int gk_matmul_expert_only(const gpu_mat *d_wset, int which, int fmt, int rows, int cols, const int *idx, int npairs,
                           int k, int x_per_token, const float *x, int ldx, float *y, int ldy, int only);
+
+/* Several products of n tokens in as few launches as the formats allow
+ * (the GEMV path: one launch per weight format and up to 6 products;
+ * cuBLAS runs them one by one): y_i = X_i W_i^T with X_i = the product's
+ * own x (ldx) or, when NULL, the shared one; each with the bits gk_matmul
+ * gives it alone. With W2 (an up matrix of W's shape and format) the
+ * product is gk_gate_up's: y = swiglu(X W^T, X W2^T), u its scratch. */
+typedef struct {
+  const gpu_mat *W;
+  float *y;
+  int ldy;
+  const float *x; /* NULL: the shared x */
+  int ldx;
+  const gpu_mat *W2; /* NULL: a plain product */
+  float *u;          /* fused: scratch of n x W rows floats (cuBLAS path) */
+  float limit;       /* fused: the SwiGLU clamp */
+} gk_prod;
+int gk_matmul_multi(const gk_prod *p, int np, const float *x, int n, int ldx);
+/* g[n][I] = swiglu(X Wg^T, X Wu^T) (I = Wg rows; u: scratch of the same
+ * size, used by the cuBLAS path); GEMV path: one fused launch, the bits of
+ * gk_matmul + gk_matmul + gk_swiglu. */
+int gk_gate_up(const gpu_mat *Wg, const gpu_mat *Wu, const float *x, int n, int ldx, float *g, float *u, float limit);
+/* Routed experts grouped per expert on the device (no host round trip):
+ * gk_expert_group sorts the npairs (token, expert) pairs of idx (E
+ * experts) into grp (gk_expert_group_ints ints), then gk_experts_grouped
+ * runs the products of which (gu: gate and up, which and which + 1, into
+ * swiglu; u: scratch for the v1/v2 GEMV) reading each expert's weights
+ * once per group of pairs. Every pair gets the bits of gk_matmul_experts;
+ * pairs with idx < 0 get zeros. */
+size_t gk_expert_group_ints(int npairs, int E);
+int gk_expert_group(const int *idx, int npairs, int E, int *grp);
+int gk_experts_grouped(const gpu_mat *d_wset, int which, int gu, float limit, int fmt, int rows, int cols, const int *grp,
+                       const int *idx, int npairs, int E, int k, int xpt, const float *x, int ldx, float *y, int ldy,
+                       float *u);
+/* programmatic dependent launch between kernels (sm_90+, docs/gpu.md):
+ * supported once gk_init ran on such a device; gk_set_pdl(0) turns it off
+ * for the following launches (GLM53_GPU_PDL=0: always off). Bits do not
+ * depend on it. */
+int gk_pdl_supported(void);
+void gk_set_pdl(int on);
+void gk_force_pdl_off(int off); /* tests / bench: 1 keeps PDL off whatever gk_set_pdl says */
 
 /* Per-head products: for each token t and head h, y[t][h] (ldy_head apart,
  * rows of W_h) = W_h x[t][h] (ldx_head apart). h_mats / d_mats: the H
@@ -90,6 +136,11 @@ int gk_swiglu_only(float *g, const float *u, const int *idx, int npairs, int n, 
 int gk_mhc_pre(const float *X, const float *mixraw, const float *base, const float *scale, const float *norm_w, int T,
                int hc, int D, int iters, float hc_eps, float rms_eps, float *post, float *comb, float *y);
 int gk_mhc_post(float *X, const float *a, const float *post, const float *comb, int T, int hc, int D);
+/* the same after a MoE: a = a (shared expert) + the routed outputs eo
+ * weighted by wt in ascending expert id, as gk_moe_combine adds them (same
+ * bits, one launch less) */
+int gk_mhc_post_moe(float *X, const float *a, const float *eo, const int *idx, const float *wt, int k, const float *post,
+                    const float *comb, int T, int hc, int D);
 /* mean over streams + final rmsnorm for rows [first, T) */
 int gk_final_norm(const float *X, const float *w, int first, int T, int hc, int D, float eps, float *h);
 
@@ -125,6 +176,10 @@ int gk_kda_gate(float *g, const float *dt_bias, const float *A_log, int T, int H
 /* state GK_ST_S: [H][dv][dk] (column-major per head); beta_logit [T][H];
  * o [T][H*dv]; each segment's tokens in order through its own state */
 int gk_kda_recur(const gk_batch *b, const float *qkv, const float *g, const float *beta_logit, int T, int H, int hd, float *o);
+/* the same from the raw forget-gate projection: the gk_kda_gate transform
+ * applied as g is read (same bits, one launch less) */
+int gk_kda_recur_gated(const gk_batch *b, const float *qkv, const float *graw, const float *dt_bias, const float *A_log,
+                       float lower_bound, const float *beta_logit, int T, int H, int hd, float *o);
 int gk_kda_out(float *o, const float *z, const float *w, int T, int H, int hd, float eps);
 
 /* ---- MLA + DSA indexer ---- */

@@ -25,6 +25,60 @@ int gk_fail(const char *fmt, ...);
   } while (0)
 #define GK_LAUNCHED(name) gk_check(name)
 
+/* ---- programmatic dependent launch (PDL, sm_90+) ----
+ * Every kernel of the forward is launched through gk_launch and starts with
+ * GK_PDL_WAIT() before it touches memory an earlier kernel writes or reads:
+ * with PDL on, a kernel's blocks are scheduled while the previous kernel
+ * drains, so its launch latency (most of a small kernel's cost at decode)
+ * overlaps that kernel; the wait returns once the previous grid has
+ * completed and its writes are visible (transitively, every earlier one).
+ * GK_PDL_WAIT is a no-op when the kernel was launched without PDL, and is
+ * compiled out below sm_90 and on HIP; gk_pdl_on() turns PDL on only where
+ * the kernels were built for sm_90+ PTX (so the wait is in them) and the
+ * device supports it (GLM53_GPU_PDL=0 turns it off). */
+#if !GK_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define GK_PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define GK_PDL_LAUNCH() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define GK_PDL_WAIT() do { } while (0)
+#define GK_PDL_LAUNCH() do { } while (0)
+#endif
+/* wait for the previous kernel, then let the next one be scheduled */
+#define GK_PDL_BEGIN() do { GK_PDL_WAIT(); GK_PDL_LAUNCH(); } while (0)
+int gk_pdl_on(void);
+void gk_launch_failed(cudaError_t e, const char *what);
+#if !GK_HIP
+template <typename... KArgs, typename... Args>
+static inline void gk_launch(void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = cudaStreamPerThread;
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = gk_pdl_on() ? 1 : 0;
+  cudaError_t e = cudaLaunchKernelEx(&cfg, k, args...);
+  if (e != cudaSuccess) gk_launch_failed(e, "kernel launch");
+}
+#else
+template <typename... KArgs, typename... Args>
+static inline void gk_launch(void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, Args... args) {
+  k<<<grid, block, smem>>>(args...);
+}
+#endif
+
+/* an L2 (coherent) load of data other blocks wrote before a fence: the
+ * split-K partials (HIP 5.2 has no float __ldcg; volatile loads are
+ * coherent there) */
+#if GK_HIP
+__device__ __forceinline__ float gk_ldcg(const float *p) { return *(const volatile float *)p; }
+#else
+__device__ __forceinline__ float gk_ldcg(const float *p) { return __ldcg(p); }
+#endif
+
 static inline unsigned gk_blocks(size_t n, unsigned per) { return (unsigned)((n + per - 1) / per); }
 
 __device__ __forceinline__ float bf16f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
@@ -101,6 +155,15 @@ __device__ __forceinline__ float block_sum(float v, float *sh) {
   return t;
 }
 __device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+/* clamped SwiGLU (ops.h swiglu_clamped): the MLP kernels and the fused
+ * gate+up GEMV give the same bits */
+__device__ __forceinline__ float swiglu1(float a, float b, float limit) {
+  if (!isnan(limit)) {
+    a = fminf(a, limit);
+    b = fminf(fmaxf(b, -limit), limit);
+  }
+  return a / (1.0f + expf(-a)) * b;
+}
 
 /* A query's DSA selection as select_k writes it (dense flag isd, np pools
  * pl[], tail start tb) at position pos: how many latent rows it attends

@@ -28,6 +28,7 @@ static int batch_ok(const gk_batch *b, const char *what) {
 
 /* ---- embedding ---- */
 __global__ void embed_k(gpu_mat E, const int32_t *tok, int T, int hc, float *X) {
+  GK_PDL_BEGIN();
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
   int D = E.cols;
   if (i >= (size_t)T * D) return;
@@ -36,12 +37,13 @@ __global__ void embed_k(gpu_mat E, const int32_t *tok, int T, int hc, float *X) 
   for (int h = 0; h < hc; h++) X[((size_t)t * hc + h) * D + d] = v;
 }
 extern "C" int gk_embed(const gpu_mat *E, const int32_t *tok, int T, int hc, float *X) {
-  embed_k<<<gk_blocks((size_t)T * E->cols, 256), 256>>>(*E, tok, T, hc, X);
+  gk_launch(embed_k, gk_blocks((size_t)T * E->cols, 256), 256, 0, *E, tok, T, hc, X);
   return GK_LAUNCHED("embed");
 }
 
 /* ---- norms (ops.h rmsnorm / layernorm) ---- */
 __global__ void rmsnorm_k(float *y, int ldy, const float *x, int ldx, const float *w, int n, float eps) {
+  GK_PDL_BEGIN();
   __shared__ float sh[32];
   const float *xr = x + (size_t)blockIdx.x * ldx;
   float *yr = y + (size_t)blockIdx.x * ldy;
@@ -53,10 +55,11 @@ __global__ void rmsnorm_k(float *y, int ldy, const float *x, int ldx, const floa
 }
 extern "C" int gk_rmsnorm(float *y, int ldy, const float *x, int ldx, const float *w, int T, int n, float eps) {
   if (T <= 0) return 0;
-  rmsnorm_k<<<T, 256>>>(y, ldy, x, ldx, w, n, eps);
+  gk_launch(rmsnorm_k, T, 256, 0, y, ldy, x, ldx, w, n, eps);
   return GK_LAUNCHED("rmsnorm");
 }
 __global__ void layernorm_k(float *y, int ldy, const float *x, int ldx, const float *w, const float *b, int n, float eps) {
+  GK_PDL_BEGIN();
   __shared__ float sh[32];
   const float *xr = x + (size_t)blockIdx.x * ldx;
   float *yr = y + (size_t)blockIdx.x * ldy;
@@ -71,37 +74,32 @@ __global__ void layernorm_k(float *y, int ldy, const float *x, int ldx, const fl
 }
 extern "C" int gk_layernorm(float *y, int ldy, const float *x, int ldx, const float *w, const float *b, int T, int n, float eps) {
   if (T <= 0) return 0;
-  layernorm_k<<<T, 256>>>(y, ldy, x, ldx, w, b, n, eps);
+  gk_launch(layernorm_k, T, 256, 0, y, ldy, x, ldx, w, b, n, eps);
   return GK_LAUNCHED("layernorm");
 }
 
 /* ---- clamped SwiGLU (ops.h swiglu_clamped) ---- */
-__device__ __forceinline__ float swiglu1(float a, float b, float limit) {
-  if (!isnan(limit)) {
-    a = fminf(a, limit);
-    b = fminf(fmaxf(b, -limit), limit);
-  }
-  return a / (1.0f + expf(-a)) * b;
-}
 __global__ void swiglu_k(float *g, const float *u, size_t n, float limit) {
+  GK_PDL_BEGIN();
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
   if (i >= n) return;
   g[i] = swiglu1(g[i], u[i], limit);
 }
 /* rows p of n elements with idx[p] == only (expert-by-expert streaming) */
 __global__ void swiglu_only_k(float *g, const float *u, const int *idx, int npairs, int n, int only, float limit) {
+  GK_PDL_BEGIN();
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
   if (i >= (size_t)npairs * n || idx[i / n] != only) return;
   g[i] = swiglu1(g[i], u[i], limit);
 }
 extern "C" int gk_swiglu_only(float *g, const float *u, const int *idx, int npairs, int n, int only, float limit) {
   if (npairs <= 0 || n <= 0) return 0;
-  swiglu_only_k<<<gk_blocks((size_t)npairs * n, 256), 256>>>(g, u, idx, npairs, n, only, limit);
+  gk_launch(swiglu_only_k, gk_blocks((size_t)npairs * n, 256), 256, 0, g, u, idx, npairs, n, only, limit);
   return GK_LAUNCHED("swiglu_only");
 }
 extern "C" int gk_swiglu(float *g, const float *u, size_t n, float limit) {
   if (!n) return 0;
-  swiglu_k<<<gk_blocks(n, 256), 256>>>(g, u, n, limit);
+  gk_launch(swiglu_k, gk_blocks(n, 256), 256, 0, g, u, n, limit);
   return GK_LAUNCHED("swiglu");
 }
 
@@ -131,6 +129,7 @@ __device__ void sinkhorn_dev(float *L, int n, int iters, float eps) {
 
 __global__ void mhc_pre_k(const float *X, const float *mixraw, const float *base, const float *scale, const float *norm_w,
                           int hc, int D, int iters, float hc_eps, float rms_eps, float *post, float *comb, float *y) {
+  GK_PDL_BEGIN();
   __shared__ float sh[32];
   __shared__ float pre[MAX_HC];
   const int t = blockIdx.x, n = hc * D, mix = (2 + hc) * hc;
@@ -138,7 +137,35 @@ __global__ void mhc_pre_k(const float *X, const float *mixraw, const float *base
   float ss = 0;
   for (int i = threadIdx.x; i < n; i += blockDim.x) ss += Xt[i] * Xt[i];
   ss = block_sum(ss, sh);
-  if (threadIdx.x == 0) {
+  if (hc * hc <= 32) { /* warp 0: lane (g, h) holds L[g][h]; the serial path's operations in its order */
+    if (threadIdx.x < 32) {
+      const int lane = threadIdx.x, nn = hc * hc, g = lane / hc, h = lane % hc;
+      const float r = 1.0f / sqrtf(ss / n + rms_eps);
+      const float *mu = mixraw + (size_t)t * mix;
+      if (lane < hc) {
+        pre[lane] = sigm(scale[0] * (mu[lane] * r) + base[lane]) + hc_eps;
+        post[t * hc + lane] = 2.0f * sigm(scale[1] * (mu[hc + lane] * r) + base[hc + lane]);
+      }
+      float v = lane < nn ? scale[2] * (mu[2 * hc + lane] * r) + base[2 * hc + lane] : 0.f;
+      float mx = __shfl_sync(0xffffffffu, v, g * hc);
+      for (int j = 1; j < hc; j++) mx = fmaxf(mx, __shfl_sync(0xffffffffu, v, g * hc + j));
+      const float e = expf(v - mx);
+      float s = 0;
+      for (int j = 0; j < hc; j++) s += __shfl_sync(0xffffffffu, e, g * hc + j);
+      v = e / s + hc_eps;
+      for (int it = 0; it < iters; it++) {
+        if (it > 0) {
+          s = 0;
+          for (int j = 0; j < hc; j++) s += __shfl_sync(0xffffffffu, v, g * hc + j);
+          v /= s + hc_eps;
+        }
+        s = 0;
+        for (int j = 0; j < hc; j++) s += __shfl_sync(0xffffffffu, v, j * hc + h);
+        v /= s + hc_eps;
+      }
+      if (lane < nn) comb[(size_t)t * nn + lane] = v;
+    }
+  } else if (threadIdx.x == 0) { /* one thread: hc above 5 */
     float r = 1.0f / sqrtf(ss / n + rms_eps);
     const float *mu = mixraw + (size_t)t * mix;
     for (int s = 0; s < hc; s++) {
@@ -165,18 +192,40 @@ __global__ void mhc_pre_k(const float *X, const float *mixraw, const float *base
 extern "C" int gk_mhc_pre(const float *X, const float *mixraw, const float *base, const float *scale, const float *norm_w,
                           int T, int hc, int D, int iters, float hc_eps, float rms_eps, float *post, float *comb, float *y) {
   if (hc > MAX_HC) return gk_fail("mhc: hc_mult %d above %d", hc, MAX_HC);
-  mhc_pre_k<<<T, 256>>>(X, mixraw, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post, comb, y);
+  gk_launch(mhc_pre_k, T, 256, 0, X, mixraw, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post, comb, y);
   return GK_LAUNCHED("mhc_pre");
 }
 
-__global__ void mhc_post_k(float *X, const float *a, const float *post, const float *comb, int T, int hc, int D) {
+/* the sublayer output of token t, column d: a, or after a MoE a plus the
+ * routed outputs in ascending expert id (moe_combine_k's order) */
+__device__ __forceinline__ float moe_sum(float acc, const float *eo, const int *idx, const float *wt, int t, int k, int D,
+                                         int d) {
+  const int *id = idx + (size_t)t * k;
+  int last = -1;
+  for (int r = 0; r < k; r++) { /* next smallest expert id above `last` */
+    int best = -1;
+    for (int j = 0; j < k; j++)
+      if (id[j] > last && (best < 0 || id[j] < id[best])) best = j;
+    if (best < 0) break;
+    last = id[best];
+    acc += wt[(size_t)t * k + best] * eo[((size_t)t * k + best) * D + d];
+  }
+  return acc;
+}
+
+template <bool MOE>
+__global__ void mhc_post_k(float *X, const float *a, const float *eo, const int *idx, const float *wt, int k,
+                           const float *post, const float *comb, int T, int hc, int D) {
+  GK_PDL_BEGIN();
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
   if (i >= (size_t)T * D) return;
   int t = (int)(i / D), d = (int)(i % D);
   float old[MAX_HC];
   float *Xt = X + (size_t)t * hc * D;
   for (int g = 0; g < hc; g++) old[g] = Xt[(size_t)g * D + d];
-  const float *cb = comb + (size_t)t * hc * hc, y = a[(size_t)t * D + d];
+  float y = a[(size_t)t * D + d];
+  if (MOE) y = moe_sum(y, eo, idx, wt, t, k, D, d);
+  const float *cb = comb + (size_t)t * hc * hc;
   for (int h = 0; h < hc; h++) {
     float acc = post[t * hc + h] * y;
     for (int g = 0; g < hc; g++) acc += cb[g * hc + h] * old[g];
@@ -184,11 +233,18 @@ __global__ void mhc_post_k(float *X, const float *a, const float *post, const fl
   }
 }
 extern "C" int gk_mhc_post(float *X, const float *a, const float *post, const float *comb, int T, int hc, int D) {
-  mhc_post_k<<<gk_blocks((size_t)T * D, 256), 256>>>(X, a, post, comb, T, hc, D);
+  gk_launch(mhc_post_k<false>, gk_blocks((size_t)T * D, 256), 256, 0, X, a, (const float *)NULL, (const int *)NULL,
+            (const float *)NULL, 0, post, comb, T, hc, D);
   return GK_LAUNCHED("mhc_post");
+}
+extern "C" int gk_mhc_post_moe(float *X, const float *a, const float *eo, const int *idx, const float *wt, int k,
+                               const float *post, const float *comb, int T, int hc, int D) {
+  gk_launch(mhc_post_k<true>, gk_blocks((size_t)T * D, 256), 256, 0, X, a, eo, idx, wt, k, post, comb, T, hc, D);
+  return GK_LAUNCHED("mhc_post_moe");
 }
 
 __global__ void final_norm_k(const float *X, const float *w, int first, int hc, int D, float eps, float *h) {
+  GK_PDL_BEGIN();
   __shared__ float sh[32];
   int t = first + blockIdx.x;
   const float *Xt = X + (size_t)t * hc * D;
@@ -206,12 +262,13 @@ __global__ void final_norm_k(const float *X, const float *w, int first, int hc, 
 }
 extern "C" int gk_final_norm(const float *X, const float *w, int first, int T, int hc, int D, float eps, float *h) {
   if (T - first <= 0) return 0;
-  final_norm_k<<<T - first, 256>>>(X, w, first, hc, D, eps, h);
+  gk_launch(final_norm_k, T - first, 256, 0, X, w, first, hc, D, eps, h);
   return GK_LAUNCHED("final_norm");
 }
 
 /* ---- KDA (kda.c kda_forward / kda_step) ---- */
 __global__ void kda_conv_k(const float *raw, gk_batch b, const float *w, int T, int ch, int K, float *qkv) {
+  GK_PDL_BEGIN();
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
   if (i >= (size_t)T * ch) return;
   int t = (int)(i / ch), j = (int)(i % ch), sg = b.tseg[t], t0 = b.seg[sg].t0;
@@ -227,6 +284,7 @@ __global__ void kda_conv_k(const float *raw, gk_batch b, const float *w, int T, 
 /* new state = last K-1 rows of [state | raw]; one thread per channel, rows in
  * ascending order so a shift within the state reads before it writes */
 __global__ void kda_conv_state_k(const float *raw0, gk_batch b, int ch, int K) {
+  GK_PDL_BEGIN();
   int j = blockIdx.x * blockDim.x + threadIdx.x;
   if (j >= ch) return;
   const gk_seg sg = b.seg[blockIdx.y];
@@ -240,13 +298,14 @@ __global__ void kda_conv_state_k(const float *raw0, gk_batch b, int ch, int K) {
 }
 extern "C" int gk_kda_conv(const float *raw, const gk_batch *b, const float *w, int T, int ch, int K, float *qkv) {
   if (batch_ok(b, "kda_conv")) return -1;
-  kda_conv_k<<<gk_blocks((size_t)T * ch, 256), 256>>>(raw, *b, w, T, ch, K, qkv);
-  kda_conv_state_k<<<dim3(gk_blocks(ch, 256), b->nseg), 256>>>(raw, *b, ch, K);
+  gk_launch(kda_conv_k, gk_blocks((size_t)T * ch, 256), 256, 0, raw, *b, w, T, ch, K, qkv);
+  gk_launch(kda_conv_state_k, dim3(gk_blocks(ch, 256), b->nseg), 256, 0, raw, *b, ch, K);
   return GK_LAUNCHED("kda_conv");
 }
 
 /* l2-normalise q and k per head (eps inside the root), scale q */
 __global__ void kda_prep_k(float *qkv, int T, int H, int hd, float qscale) {
+  GK_PDL_BEGIN();
   int wid = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
   if (wid >= T * H * 2) return;
   int which = wid % 2, h = (wid / 2) % H, t = wid / (2 * H), inner = H * hd;
@@ -261,20 +320,25 @@ __global__ void kda_prep_k(float *qkv, int T, int H, int hd, float qscale) {
   }
 }
 extern "C" int gk_kda_prep(float *qkv, int T, int H, int hd, float qscale) {
-  kda_prep_k<<<gk_blocks((size_t)T * H * 2 * 32, 256), 256>>>(qkv, T, H, hd, qscale);
+  gk_launch(kda_prep_k, gk_blocks((size_t)T * H * 2 * 32, 256), 256, 0, qkv, T, H, hd, qscale);
   return GK_LAUNCHED("kda_prep");
 }
 
+/* forget gate of channel c (head h) from its raw projection */
+__device__ __forceinline__ float kda_gate1(float graw, const float *dt_bias, const float *A_log, int h, int c, float lb) {
+  float rate = expf(A_log[h]), x = graw + dt_bias[c];
+  return !isnan(lb) ? lb * sigm(rate * x) : -rate * (x > 20.0f ? x : log1pf(expf(x)));
+}
 __global__ void kda_gate_k(float *g, const float *dt_bias, const float *A_log, int T, int H, int hd, float lb) {
+  GK_PDL_BEGIN();
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
   int inner = H * hd;
   if (i >= (size_t)T * inner) return;
-  int c = (int)(i % inner), h = c / hd;
-  float rate = expf(A_log[h]), x = g[i] + dt_bias[c];
-  g[i] = !isnan(lb) ? lb * sigm(rate * x) : -rate * (x > 20.0f ? x : log1pf(expf(x)));
+  int c = (int)(i % inner);
+  g[i] = kda_gate1(g[i], dt_bias, A_log, c / hd, c, lb);
 }
 extern "C" int gk_kda_gate(float *g, const float *dt_bias, const float *A_log, int T, int H, int hd, float lower_bound) {
-  kda_gate_k<<<gk_blocks((size_t)T * H * hd, 256), 256>>>(g, dt_bias, A_log, T, H, hd, lower_bound);
+  gk_launch(kda_gate_k, gk_blocks((size_t)T * H * hd, 256), 256, 0, g, dt_bias, A_log, T, H, hd, lower_bound);
   return GK_LAUNCHED("kda_gate");
 }
 
@@ -283,8 +347,10 @@ extern "C" int gk_kda_gate(float *g, const float *dt_bias, const float *A_log, i
  * S[i][j] for i = lane + 32m. State layout [H][dv][dk] keeps the lanes'
  * loads contiguous. grid (H, ceil(hd/8)), 256 threads. */
 #define KDA_MAXM 8 /* head dim <= 256 */
-__global__ void __launch_bounds__(256) kda_recur_k(gk_batch b, const float *qkv, const float *g, const float *bl,
-                                                    int H, int hd, float *o) {
+template <bool GATED>
+__global__ void __launch_bounds__(256) kda_recur_k(gk_batch b, const float *qkv, const float *g, const float *dt_bias,
+                                                    const float *A_log, float lb, const float *bl, int H, int hd, float *o) {
+  GK_PDL_BEGIN();
   extern __shared__ float kda_sh[]; /* q[hd], k[hd], a[hd] */
   float *qs = kda_sh, *ks = qs + hd, *as = ks + hd;
   const int h = blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31, j = blockIdx.y * 8 + w;
@@ -306,7 +372,8 @@ __global__ void __launch_bounds__(256) kda_recur_k(gk_batch b, const float *qkv,
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
       qs[i] = row[h * hd + i];
       ks[i] = row[inner + h * hd + i];
-      as[i] = expf(g[(size_t)t * inner + h * hd + i]);
+      const float gv = g[(size_t)t * inner + h * hd + i];
+      as[i] = expf(GATED ? kda_gate1(gv, dt_bias, A_log, h, h * hd + i, lb) : gv);
     }
     __syncthreads();
     if (!act) continue;
@@ -347,12 +414,25 @@ extern "C" int gk_kda_recur(const gk_batch *b, const float *qkv, const float *g,
   if (batch_ok(b, "kda_recur")) return -1;
   (void)T;
   dim3 grid(H, gk_blocks(hd, 8), b->nseg);
-  kda_recur_k<<<grid, 256, 3 * hd * sizeof(float)>>>(*b, qkv, g, beta_logit, H, hd, o);
+  gk_launch(kda_recur_k<false>, grid, 256, 3 * hd * sizeof(float), *b, qkv, g, (const float *)NULL, (const float *)NULL,
+            0.f, beta_logit, H, hd, o);
+  return GK_LAUNCHED("kda_recur");
+}
+extern "C" int gk_kda_recur_gated(const gk_batch *b, const float *qkv, const float *graw, const float *dt_bias,
+                                  const float *A_log, float lower_bound, const float *beta_logit, int T, int H, int hd,
+                                  float *o) {
+  if (hd > 32 * KDA_MAXM) return gk_fail("kda: head dim %d above %d", hd, 32 * KDA_MAXM);
+  if (batch_ok(b, "kda_recur")) return -1;
+  (void)T;
+  dim3 grid(H, gk_blocks(hd, 8), b->nseg);
+  gk_launch(kda_recur_k<true>, grid, 256, 3 * hd * sizeof(float), *b, qkv, graw, dt_bias, A_log, lower_bound, beta_logit,
+            H, hd, o);
   return GK_LAUNCHED("kda_recur");
 }
 
 /* gated RMSNorm per head: w * o / rms(o) * sigmoid(z) */
 __global__ void kda_out_k(float *o, const float *z, const float *w, int T, int H, int hd, float eps) {
+  GK_PDL_BEGIN();
   int wid = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
   if (wid >= T * H) return;
   size_t base = (size_t)wid * hd; /* (t*H + h)*hd == t*inner + h*hd */
@@ -363,12 +443,13 @@ __global__ void kda_out_k(float *o, const float *z, const float *w, int T, int H
   for (int i = lane; i < hd; i += 32) o[base + i] = (w[i] * (o[base + i] * r)) * sigm(z[base + i]);
 }
 extern "C" int gk_kda_out(float *o, const float *z, const float *w, int T, int H, int hd, float eps) {
-  kda_out_k<<<gk_blocks((size_t)T * H * 32, 256), 256>>>(o, z, w, T, H, hd, eps);
+  gk_launch(kda_out_k, gk_blocks((size_t)T * H * 32, 256), 256, 0, o, z, w, T, H, hd, eps);
   return GK_LAUNCHED("kda_out");
 }
 
 /* ---- DSA indexer (mla.c pool_key / indexer_scores / topk_pools) ---- */
 __global__ void pool_keys_k(gk_batch b, const float *ape, int P, int hd) {
+  GK_PDL_BEGIN();
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
   const gk_seg sg = b.seg[blockIdx.y];
   const gk_lstate &st = sg.ls[b.layer];
@@ -390,7 +471,7 @@ __global__ void pool_keys_k(gk_batch b, const float *ape, int P, int hd) {
 extern "C" int gk_pool_keys(const gk_batch *b, const float *ape, int P, int hd) {
   if (P > 64) return gk_fail("indexer: kpool %d above 64", P);
   if (batch_ok(b, "pool_keys")) return -1;
-  pool_keys_k<<<dim3(gk_blocks((size_t)(b->maxlen / P + 1) * hd, 256), b->nseg), 256>>>(*b, ape, P, hd);
+  gk_launch(pool_keys_k, dim3(gk_blocks((size_t)(b->maxlen / P + 1) * hd, 256), b->nseg), 256, 0, *b, ape, P, hd);
   return GK_LAUNCHED("pool_keys");
 }
 
@@ -398,6 +479,7 @@ extern "C" int gk_pool_keys(const gk_batch *b, const float *ape, int P, int hd) 
  * more than K complete pools need scores */
 __global__ void idx_scores_k(const float *q, const float *w, gk_batch b, int P, int nh, int hd, int K, int maxpool,
                              float *score) {
+  GK_PDL_BEGIN();
   extern __shared__ float qsh[]; /* nh*hd */
   int sg;
   const int t = blockIdx.x, n = (bpos(b, t, &sg) + 1) / P;
@@ -425,7 +507,7 @@ extern "C" int gk_indexer_scores(const float *q, const float *w, const gk_batch 
                                  int maxpool, float *score) {
   if (batch_ok(b, "indexer_scores")) return -1;
   dim3 grid(T, gk_blocks(maxpool, 64));
-  idx_scores_k<<<grid, 256, (size_t)nh * hd * sizeof(float)>>>(q, w, *b, P, nh, hd, K, maxpool, score);
+  gk_launch(idx_scores_k, grid, 256, (size_t)nh * hd * sizeof(float), q, w, *b, P, nh, hd, K, maxpool, score);
   return GK_LAUNCHED("indexer_scores");
 }
 
@@ -439,6 +521,7 @@ __device__ __forceinline__ bool pool_before(float a, int ia, float b, int ib) {
  * order topk_pools produces */
 __global__ void select_k(const float *score, gk_batch b, int P, int K, int maxpool, int always_tail, int *dense,
                          int *npools, int *tail, int *pools) {
+  GK_PDL_BEGIN();
   const int t = blockIdx.x, pos = bpos(b, t, NULL), n = (pos + 1) / P;
   int *pl = pools + (size_t)t * K;
   const float *sc = score + (size_t)t * maxpool;
@@ -461,7 +544,7 @@ __global__ void select_k(const float *score, gk_batch b, int P, int K, int maxpo
 extern "C" int gk_select(const float *score, const gk_batch *b, int T, int P, int K, int maxpool, int always_tail, int *dense,
                          int *npools, int *tail, int *pools) {
   if (batch_ok(b, "select")) return -1;
-  select_k<<<T, 256>>>(score, *b, P, K, maxpool, always_tail, dense, npools, tail, pools);
+  gk_launch(select_k, T, 256, 0, score, *b, P, K, maxpool, always_tail, dense, npools, tail, pools);
   return GK_LAUNCHED("select");
 }
 
@@ -474,6 +557,7 @@ __global__ void __launch_bounds__(256) mla_attn_k(const float *qtg, gk_batch b, 
                                                    const int *npools, const int *tail, const int *pools,
                                                    int H, int kl, int P, int K, float scale, int chunk, int nsplit,
                                                    float *part, float *ob) {
+  GK_PDL_BEGIN();
   __shared__ float qt[KL_MAX], wacc[8][KL_MAX], wm[8], wz[8];
   int sg;
   const int t = blockIdx.x, h = blockIdx.y, sp = blockIdx.z, w = threadIdx.x >> 5, lane = threadIdx.x & 31, pos = bpos(b, t, &sg);
@@ -537,6 +621,7 @@ __global__ void __launch_bounds__(256) mla_attn_k(const float *qtg, gk_batch b, 
   }
 }
 __global__ void mla_merge_k(const float *part, int nsplit, int kl, float *ob) {
+  GK_PDL_BEGIN();
   const size_t th = blockIdx.x;
   const float *r0 = part + th * nsplit * (size_t)(kl + 2);
   float M = -INFINITY, Z = 0;
@@ -580,6 +665,7 @@ static size_t hs_smem(int kl) { return ((size_t)HS_HG * kl + (size_t)HS_R * (kl 
 __global__ void __launch_bounds__(256) mla_hs_k(const float *qtg, gk_batch b, const int *dense, const int *npools,
                                                  const int *tail, const int *pools, int H, int kl, int P, int K, float scale,
                                                  int chunk, int nsplit, float *part, float *ob) {
+  GK_PDL_BEGIN();
   extern __shared__ float hs_sh[];
   const int ldl = kl + 4; /* row padding: the 16 rows a warp scores start in different banks */
   float *qs = hs_sh, *ls = qs + HS_HG * kl, *ps = ls + HS_R * ldl;
@@ -680,18 +766,19 @@ extern "C" int gk_mla_attn(const float *qt, const gk_batch *b, const int *dense,
       attr = 1;
     }
     dim3 grid(T, (H + HS_HG - 1) / HS_HG, nsplit);
-    mla_hs_k<<<grid, 256, hs_smem(kl)>>>(qt, *b, dense, npools, tail, pools, H, kl, P, K, scale, chunk, nsplit, part, ob);
+    gk_launch(mla_hs_k, grid, 256, hs_smem(kl), qt, *b, dense, npools, tail, pools, H, kl, P, K, scale, chunk, nsplit, part, ob);
   } else {
     dim3 grid(T, H, nsplit);
-    mla_attn_k<<<grid, 256>>>(qt, *b, dense, npools, tail, pools, H, kl, P, K, scale, chunk, nsplit, part, ob);
+    gk_launch(mla_attn_k, grid, 256, 0, qt, *b, dense, npools, tail, pools, H, kl, P, K, scale, chunk, nsplit, part, ob);
   }
-  if (nsplit > 1) mla_merge_k<<<T * H, 256>>>(part, nsplit, kl, ob);
+  if (nsplit > 1) gk_launch(mla_merge_k, T * H, 256, 0, part, nsplit, kl, ob);
   return GK_LAUNCHED("mla_attn");
 }
 
 /* state[pos(t) * stride + i] = src[t * n + i], the token's sequence and
  * position read from the batch table on the device */
 __global__ void store_at_k(gk_batch b, int which, int stride, const float *src, int T, int n) {
+  GK_PDL_BEGIN();
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
   if (i >= (size_t)T * n) return;
   int t = (int)(i / n), sg;
@@ -700,7 +787,7 @@ __global__ void store_at_k(gk_batch b, int which, int stride, const float *src, 
 }
 extern "C" int gk_store_at(const gk_batch *b, int which, int stride, const float *src, int T, int n) {
   if (batch_ok(b, "store_at")) return -1;
-  store_at_k<<<gk_blocks((size_t)T * n, 256), 256>>>(*b, which, stride, src, T, n);
+  gk_launch(store_at_k, gk_blocks((size_t)T * n, 256), 256, 0, *b, which, stride, src, T, n);
   return GK_LAUNCHED("store_at");
 }
 
@@ -717,36 +804,70 @@ __device__ void topk_masked_dev(const float *v, const unsigned char *allowed, in
   }
   for (; m < k; m++) out[m] = -1;
 }
+/* one warp per token: the per-expert work split over the lanes, the
+ * top-k as k rounds of a warp argmax under r_before (a strict total order,
+ * so the same ids in the same order as topk_masked_dev's insertion); group
+ * scores and weights as the serial reference computes them */
+#define ROUTE_WARPS 4
+__device__ __forceinline__ int route_argmax(const float *v, const unsigned char *ok, int n) {
+  const int lane = threadIdx.x & 31;
+  int bi = -1;
+  for (int e = lane; e < n; e += 32)
+    if (ok[e] && (bi < 0 || r_before(v[e], e, v[bi], bi))) bi = e;
+  for (int o = 16; o > 0; o >>= 1) {
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (oi >= 0 && (bi < 0 || r_before(v[oi], oi, v[bi], bi))) bi = oi;
+  }
+  return bi;
+}
 __global__ void moe_route_k(const float *logits, const float *bias, int T, int E, int k, int G, int topk_group, int norm,
                             float scaling, int *idx, float *wt) {
-  int t = blockIdx.x * blockDim.x + threadIdx.x;
-  if (t >= T) return;
-  float sig[E_MAX], choice[E_MAX];
-  unsigned char allowed[E_MAX];
+  GK_PDL_BEGIN();
+  __shared__ float s_sig[ROUTE_WARPS][E_MAX], s_ch[ROUTE_WARPS][E_MAX], s_gs[ROUTE_WARPS][64];
+  __shared__ unsigned char s_ok[ROUTE_WARPS][E_MAX], s_gok[ROUTE_WARPS][64];
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, t = blockIdx.x * ROUTE_WARPS + w;
+  if (t >= T) return; /* the whole warp: no block barrier below */
+  float *sig = s_sig[w], *choice = s_ch[w], *gs = s_gs[w];
+  unsigned char *ok = s_ok[w], *gok = s_gok[w];
   const float *lg = logits + (size_t)t * E;
-  for (int e = 0; e < E; e++) {
+  for (int e = lane; e < E; e += 32) {
     sig[e] = sigm(lg[e]);
     choice[e] = sig[e] + bias[e];
   }
-  int per = E / G;
+  const int per = G > 0 ? E / G : E;
   int *id = idx + (size_t)t * k;
+  __syncwarp();
   if (G > 1) {
-    float gs[64];
-    int gsel[64], best[2];
-    for (int g = 0; g < G; g++) {
-      int n2 = per < 2 ? per : 2;
+    for (int g = lane; g < G; g += 32) { /* top-2 sum of each group, as the serial loop adds them */
+      int n2 = per < 2 ? per : 2, best[2];
       topk_masked_dev(choice + g * per, NULL, per, n2, best);
-      gs[g] = 0;
-      for (int i = 0; i < n2; i++) gs[g] += choice[g * per + best[i]];
+      float v = 0;
+      for (int i = 0; i < n2; i++) v += choice[g * per + best[i]];
+      gs[g] = v;
+      gok[g] = 1;
     }
-    topk_masked_dev(gs, NULL, G, topk_group, gsel);
-    for (int e = 0; e < E; e++) allowed[e] = 0;
-    for (int i = 0; i < topk_group; i++)
-      for (int e = 0; e < per; e++) allowed[gsel[i] * per + e] = 1;
-    topk_masked_dev(choice, allowed, E, k, id);
+    __syncwarp();
+    for (int i = 0; i < topk_group; i++) { /* the topk_group best groups */
+      const int g = route_argmax(gs, gok, G);
+      __syncwarp();
+      if (lane == 0 && g >= 0) gok[g] = 0; /* 0 now marks a selected group */
+      __syncwarp();
+    }
+    for (int e = lane; e < E; e += 32) ok[e] = e / per < G && !gok[e / per];
   } else {
-    topk_masked_dev(choice, NULL, E, k, id);
+    for (int e = lane; e < E; e += 32) ok[e] = 1;
   }
+  __syncwarp();
+  for (int m = 0; m < k; m++) {
+    const int e = route_argmax(choice, ok, E);
+    __syncwarp();
+    if (lane == 0) {
+      id[m] = e;
+      if (e >= 0) ok[e] = 0;
+    }
+    __syncwarp();
+  }
+  if (lane) return;
   double sum = 0;
   for (int i = 0; i < k; i++) sum += id[i] >= 0 ? sig[id[i]] : 0.0f;
   for (int i = 0; i < k; i++) {
@@ -758,35 +879,26 @@ __global__ void moe_route_k(const float *logits, const float *bias, int T, int E
 extern "C" int gk_moe_route(const float *logits, const float *bias, int T, int E, int k, int G, int topk_group, int norm,
                             float scaling, int *idx, float *wt) {
   if (E > E_MAX || G > 64 || k > 64) return gk_fail("moe: %d experts / %d groups / top-%d above the kernel's bounds", E, G, k);
-  moe_route_k<<<gk_blocks(T, 64), 64>>>(logits, bias, T, E, k, G, topk_group, norm, scaling, idx, wt);
+  gk_launch(moe_route_k, gk_blocks(T, ROUTE_WARPS), 32 * ROUTE_WARPS, 0, logits, bias, T, E, k, G, topk_group, norm,
+            scaling, idx, wt);
   return GK_LAUNCHED("moe_route");
 }
 
 /* out[t] (holding the shared expert) += wt * expert output, in ascending
  * expert id as the reference accumulates */
 __global__ void moe_combine_k(float *out, const float *eo, const int *idx, const float *wt, int T, int k, int D) {
+  GK_PDL_BEGIN();
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
   if (i >= (size_t)T * D) return;
-  int t = (int)(i / D), d = (int)(i % D);
-  const int *id = idx + (size_t)t * k;
-  float acc = out[i];
-  int last = -1;
-  for (int r = 0; r < k; r++) { /* next smallest expert id above `last` */
-    int best = -1;
-    for (int j = 0; j < k; j++)
-      if (id[j] > last && (best < 0 || id[j] < id[best])) best = j;
-    if (best < 0) break;
-    last = id[best];
-    acc += wt[(size_t)t * k + best] * eo[((size_t)t * k + best) * D + d];
-  }
-  out[i] = acc;
+  out[i] = moe_sum(out[i], eo, idx, wt, (int)(i / D), k, D, (int)(i % D));
 }
 extern "C" int gk_moe_combine(float *out, const float *eo, const int *idx, const float *wt, int T, int k, int D) {
-  moe_combine_k<<<gk_blocks((size_t)T * D, 256), 256>>>(out, eo, idx, wt, T, k, D);
+  gk_launch(moe_combine_k, gk_blocks((size_t)T * D, 256), 256, 0, out, eo, idx, wt, T, k, D);
   return GK_LAUNCHED("moe_combine");
 }
 
 __global__ void gather_k(float *dst, const float *src, const int *rows, int n, int D, int scatter) {
+  GK_PDL_BEGIN();
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
   if (i >= (size_t)n * D) return;
   size_t r = i / D, d = i % D;
@@ -795,11 +907,11 @@ __global__ void gather_k(float *dst, const float *src, const int *rows, int n, i
 }
 extern "C" int gk_gather_rows(float *dst, const float *src, const int *rows, int n, int D) {
   if (n <= 0) return 0;
-  gather_k<<<gk_blocks((size_t)n * D, 256), 256>>>(dst, src, rows, n, D, 0);
+  gk_launch(gather_k, gk_blocks((size_t)n * D, 256), 256, 0, dst, src, rows, n, D, 0);
   return GK_LAUNCHED("gather");
 }
 extern "C" int gk_scatter_rows(float *dst, const float *src, const int *rows, int n, int D) {
   if (n <= 0) return 0;
-  gather_k<<<gk_blocks((size_t)n * D, 256), 256>>>(dst, src, rows, n, D, 1);
+  gk_launch(gather_k, gk_blocks((size_t)n * D, 256), 256, 0, dst, src, rows, n, D, 1);
   return GK_LAUNCHED("scatter");
 }

@@ -35,6 +35,7 @@ static void *buf(size_t n) {
 /* G[t][n][:] = latent row of the n-th selected token of t0 + t, zero past N_t */
 __global__ void mla_gather_k(const float *latent, const int *dense, const int *npools, const int *tail, const int *pools,
                              const int *dpos, int t0, int P, int K, int kl, int Npad, float *G) {
+  GK_PDL_BEGIN();
   const int t = t0 + blockIdx.x, pos = *dpos + t;
   const int isd = dense[t], np = npools[t], tb = tail[t], N = sel_count(isd, np, tb, pos, P);
   const int *pl = pools + (size_t)t * K;
@@ -55,6 +56,7 @@ __global__ void mla_gather_k(const float *latent, const int *dense, const int *n
  * n < N_t, 0 beyond */
 __global__ void mla_softmax_k(float *S, const int *dense, const int *npools, const int *tail, const int *dpos, int t0, int H,
                               int P, int Npad, float scale) {
+  GK_PDL_BEGIN();
   __shared__ float sh[32];
   const int t = t0 + blockIdx.x / H, pos = *dpos + t, N = sel_count(dense[t], npools[t], tail[t], pos, P);
   float *row = S + (size_t)blockIdx.x * Npad;
@@ -128,7 +130,7 @@ extern "C" int gk_mla_attn_gemm(const float *qt, const float *latent, const int 
     long long strideA = 0;
     if (!prefix) {
       dim3 gg(tc, 8);
-      mla_gather_k<<<gg, 256>>>(latent, dense, npools, tail, pools, dpos, t0, P, K, kl, Npad, G);
+      gk_launch(mla_gather_k, gg, 256, 0, latent, dense, npools, tail, pools, dpos, t0, P, K, kl, Npad, G);
       if (GK_LAUNCHED("mla gather")) return -1;
       A = G;
       strideA = (long long)Npad * kl;
@@ -139,7 +141,7 @@ extern "C" int gk_mla_attn_gemm(const float *qt, const float *latent, const int 
                                   qt + (size_t)t0 * H * kl, kl, (long long)H * kl, &zero, S, Npad, (long long)H * Npad,
                                   tc) != CUBLAS_STATUS_SUCCESS)
       return gk_fail("mla gemm: scores SGEMM failed (%d x %d x %d, batch %d)", Npad, H, kl, tc);
-    mla_softmax_k<<<tc * H, 256>>>(S, dense, npools, tail, dpos, t0, H, P, Npad, scale);
+    gk_launch(mla_softmax_k, tc * H, 256, 0, S, dense, npools, tail, dpos, t0, H, P, Npad, scale);
     if (GK_LAUNCHED("mla softmax")) return -1;
     /* o_t^T [kl x H] = G_t^T [kl x Npad] x P_t^T [Npad x H] */
     if (cublasSgemmStridedBatched(g_h, CUBLAS_OP_N, CUBLAS_OP_N, kl, H, Npad, &one, A, kl, strideA, S, Npad,

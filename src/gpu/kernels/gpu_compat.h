@@ -21,6 +21,8 @@
  * 32-lane half that the kernels treat as a warp */
 #if !defined(HIP_VERSION_MAJOR) || HIP_VERSION_MAJOR < 6 || (HIP_VERSION_MAJOR == 6 && HIP_VERSION_MINOR < 2)
 #define __shfl_xor_sync(mask, v, o) __shfl_xor((v), (o))
+#define __shfl_sync(mask, v, s) __shfl((v), (s), 32)
+#define __syncwarp(...) __builtin_amdgcn_wave_barrier()
 #endif
 #define cudaError_t hipError_t
 #define cudaSuccess hipSuccess
