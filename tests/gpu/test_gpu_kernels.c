@@ -20,6 +20,7 @@
 #include "gpu_test.h"
 #include "gpu/kernels/gk.h"
 #include "model/wmat.h"
+#include "model/layers.h"
 #include "core/util.h"
 #include "test_util.h"
 #include <string.h>
@@ -313,8 +314,8 @@ static void grouped_case(int fmt, int group, int I, int D) {
 }
 
 /* gk_kda_recur_gated against gk_kda_gate + gk_kda_recur (output and state) */
-static void kda_gated_case(float lb) {
-  const int T = 6, H = 3, hd = 64, inner = H * hd, ch = 3 * inner;
+static void kda_gated_case(float lb, int T) {
+  const int H = 3, hd = 64, inner = H * hd, ch = 3 * inner;
   float *hs = NULL;
   float *qkv = dvec((size_t)T * ch, -0.3f, 0.3f, NULL), *graw = dvec((size_t)T * inner, -3, 3, NULL);
   float *dtb = dvec(inner, -0.5f, 0.5f, NULL), *Al = dvec(H, -0.5f, 0.5f, NULL), *bl = dvec((size_t)T * H, -2, 2, NULL);
@@ -340,10 +341,85 @@ static void kda_gated_case(float lb) {
   const int bits = !rc && dsame(o1, o2, (size_t)T * inner) && dsame(S1, S2, (size_t)H * hd * hd);
   CHECK(rc == 0, "kda gated recurrence: %s", gk_error());
   CHECK(bits, "kda gated recurrence (lower bound %g) differs from gate + recurrence", lb);
-  printf("kda recurrence with the gate fused (lower bound %g): output and state bitwise %s\n", lb, bits ? "yes" : "NO");
+  printf("kda recurrence with the gate fused (lower bound %g, %d tokens): output and state bitwise %s\n", lb, T,
+         bits ? "yes" : "NO");
   free(hs);
   gk_free(qkv); gk_free(graw); gk_free(dtb); gk_free(Al); gk_free(bl); gk_free(S1); gk_free(S2); gk_free(g);
   gk_free(o1); gk_free(o2); gk_free(dls); gk_free(dseg); gk_free(tseg);
+}
+
+/* The recurrence's staged token tiles (docs/gpu.md, KDA): two sequences of
+ * T1 and T2 tokens in one launch (tiles of up to 32 tokens, partial column
+ * groups when hd % 16 != 0) against the CPU kda_step (double sums), and
+ * bitwise against one launch per token position (decode-style launches,
+ * one one-token segment per sequence). */
+static void kda_tiles_case(int T1, int T2, int H, int hd) {
+  const int inner = H * hd, R = T1 + T2, Tm = T1 > T2 ? T1 : T2;
+  const size_t ns = (size_t)H * hd * hd;
+  float *hq = NULL, *hg = NULL, *hb = NULL, *hs = NULL;
+  float *qkv = dvec((size_t)R * 3 * inner, -0.3f, 0.3f, &hq), *g = dvec((size_t)R * inner, -1.0f, 0.0f, &hg);
+  float *bl = dvec((size_t)R * H, -2, 2, &hb), *S = dvec(2 * ns, -0.2f, 0.2f, &hs), *S1 = gk_malloc(2 * ns * 4);
+  float *o = gk_malloc((size_t)R * inner * 4), *o1 = gk_malloc((size_t)R * inner * 4);
+  gk_d2d(S1, S, 2 * ns * 4);
+  gk_lstate ls[4];
+  memset(ls, 0, sizeof ls);
+  ls[0].p[GK_ST_S] = S; /* one launch */
+  ls[1].p[GK_ST_S] = S + ns;
+  ls[2].p[GK_ST_S] = S1; /* token by token */
+  ls[3].p[GK_ST_S] = S1 + ns;
+  gk_lstate *dls = gk_malloc(sizeof ls);
+  gk_h2d(dls, ls, sizeof ls);
+  const int nseg = 2 + 2 * Tm;
+  gk_seg *seg = xmalloc((size_t)nseg * sizeof *seg);
+  seg[0] = (gk_seg){.ls = dls, .t0 = 0, .len = T1};
+  seg[1] = (gk_seg){.ls = dls + 1, .t0 = T1, .len = T2};
+  for (int u = 0; u < Tm; u++) {
+    seg[2 + 2 * u] = (gk_seg){.ls = dls + 2, .t0 = u < T1 ? u : 0, .len = u < T1};
+    seg[3 + 2 * u] = (gk_seg){.ls = dls + 3, .t0 = T1 + (u < T2 ? u : 0), .len = u < T2};
+  }
+  gk_seg *dseg = gk_malloc((size_t)nseg * sizeof *seg);
+  gk_h2d(dseg, seg, (size_t)nseg * sizeof *seg);
+  int *tseg = gk_malloc((size_t)R * 4);
+  gk_memset(tseg, 0, (size_t)R * 4);
+  gk_batch b = {.seg = dseg, .tseg = tseg, .nseg = 2, .maxlen = Tm};
+  int rc = gk_kda_recur(&b, qkv, g, bl, R, H, hd, o);
+  for (int u = 0; u < Tm && !rc; u++) {
+    gk_batch bt = {.seg = dseg + 2 + 2 * u, .tseg = tseg, .nseg = 2, .maxlen = 1};
+    rc |= gk_kda_recur(&bt, qkv, g, bl, 2, H, hd, o1);
+  }
+  CHECK(rc == 0, "kda tiles: %s", gk_error());
+  const int bits = !rc && dsame(o, o1, (size_t)R * inner) && dsame(S, S1, 2 * ns);
+  /* CPU reference: state [dk][dv] per head */
+  float *go = xmalloc((size_t)R * inner * 4), *gs = xmalloc(2 * ns * 4), *ro = xmalloc((size_t)R * inner * 4);
+  float *rs = xmalloc(2 * ns * 4), *rsd = xmalloc(2 * ns * 4), a[256];
+  for (int q = 0; q < 2; q++)
+    for (int h = 0; h < H; h++)
+      for (int i = 0; i < hd; i++)
+        for (int j = 0; j < hd; j++) rs[q * ns + ((size_t)h * hd + i) * hd + j] = hs[q * ns + ((size_t)h * hd + j) * hd + i];
+  for (int t = 0; t < R; t++) {
+    const int q = t >= T1;
+    for (int h = 0; h < H; h++) {
+      const float *row = hq + (size_t)t * 3 * inner;
+      for (int i = 0; i < hd; i++) a[i] = hg[(size_t)t * inner + h * hd + i];
+      kda_step(rs + q * ns + (size_t)h * hd * hd, row + h * hd, row + inner + h * hd, row + 2 * inner + h * hd, a,
+               1.0f / (1.0f + expf(-hb[(size_t)t * H + h])), hd, hd, ro + (size_t)t * inner + h * hd);
+    }
+  }
+  for (int q = 0; q < 2; q++)
+    for (int h = 0; h < H; h++)
+      for (int i = 0; i < hd; i++)
+        for (int j = 0; j < hd; j++) rsd[q * ns + ((size_t)h * hd + j) * hd + i] = rs[q * ns + ((size_t)h * hd + i) * hd + j];
+  rc |= gk_d2h(go, o, (size_t)R * inner * 4) || gk_d2h(gs, S, 2 * ns * 4);
+  const double eo = rc ? INFINITY : rel(go, ro, (size_t)R * inner), es = rc ? INFINITY : rel(gs, rsd, 2 * ns);
+  CHECK(eo <= 1e-4 && es <= 1e-4, "kda tiles T %d+%d H %d hd %d: output err %.3g, state err %.3g (tol 1e-4)", T1, T2, H,
+        hd, eo, es);
+  CHECK(bits, "kda tiles T %d+%d hd %d: one launch differs from token-by-token launches", T1, T2, hd);
+  printf("kda recurrence, 2 sequences of %d and %d tokens, H %d, hd %d: vs CPU output %.2g state %.2g (tol 1e-4); "
+         "vs token by token bitwise %s\n", T1, T2, H, hd, eo, es, bits ? "yes" : "NO");
+  free(seg); free(go); free(gs); free(ro); free(rs); free(rsd);
+  free(hq); free(hg); free(hb); free(hs);
+  gk_free(dseg); gk_free(tseg); gk_free(dls);
+  gk_free(qkv); gk_free(g); gk_free(bl); gk_free(S); gk_free(S1); gk_free(o); gk_free(o1);
 }
 
 /* gk_mhc_post_moe against gk_moe_combine + gk_mhc_post */
@@ -433,11 +509,20 @@ int main(void) {
     grouped_case(WMAT_BF16, 0, 130, 520);
     grouped_case(WMAT_F32, 0, 40, 1000);
     gk_set_gemm_min(0);
-    kda_gated_case(-5.0f);
-    kda_gated_case(NAN);
+    kda_gated_case(-5.0f, 6);  /* the gate computed as tiles are read */
+    kda_gated_case(NAN, 6);
+    kda_gated_case(-5.0f, 70); /* the decay computed first, tiles copied asynchronously */
+    kda_gated_case(NAN, 70);
     mhc_post_moe_case();
   }
   gk_force_pdl_off(0);
   gk_set_gemv_xs(-1);
+  /* recurrence tiles (cp.async double buffers of 14, 32 and 7 tokens; one
+   * synchronous buffer of 32 for hd % 4 != 0); blocks of 32 columns, warps
+   * of 8: hd 40 leaves a block with one warp's columns, hd 30 a warp with 6 */
+  kda_tiles_case(70, 57, 2, 128);
+  kda_tiles_case(45, 32, 3, 40);
+  kda_tiles_case(40, 27, 1, 256);
+  kda_tiles_case(33, 20, 2, 30);
   TEST_DONE();
 }

@@ -11,7 +11,8 @@
 #         without x staging, a per-stage profile (GLM53_GPU_PROFILE=1), and
 #         batch scaling.
 # Everything goes to stdout (tee it into $OUT/log.txt). A deadline
-# (DEADLINE seconds after start, default 540) bounds every step.
+# (DEADLINE seconds after start, default 540) bounds every step; ONLY (an
+# extended regex) runs just the steps whose names match it.
 set -u
 DEADLINE=${DEADLINE:-540}
 PART=${1:-all}
@@ -20,6 +21,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --f
 date -u
 step() { # name timeout cmd... (env assignments via env)
   local name=$1 to=$2; shift 2
+  if [ -n "${ONLY:-}" ] && ! [[ $name =~ $ONLY ]]; then return; fi
   local left=$((DEADLINE - SECONDS))
   if [ "$left" -le 5 ]; then echo "== $name: SKIPPED (deadline)"; return; fi
   [ "$to" -gt "$left" ] && to=$left

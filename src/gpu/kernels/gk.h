@@ -177,8 +177,9 @@ int gk_kda_gate(float *g, const float *dt_bias, const float *A_log, int T, int H
  * o [T][H*dv]; each segment's tokens in order through its own state */
 int gk_kda_recur(const gk_batch *b, const float *qkv, const float *g, const float *beta_logit, int T, int H, int hd, float *o);
 /* the same from the raw forget-gate projection: the gk_kda_gate transform
- * applied as g is read (same bits, one launch less) */
-int gk_kda_recur_gated(const gk_batch *b, const float *qkv, const float *graw, const float *dt_bias, const float *A_log,
+ * applied as g is read (same bits, one launch less); from 32 tokens graw
+ * is overwritten with the decay exp(gate) first (same bits again) */
+int gk_kda_recur_gated(const gk_batch *b, const float *qkv, float *graw, const float *dt_bias, const float *A_log,
                        float lower_bound, const float *beta_logit, int T, int H, int hd, float *o);
 int gk_kda_out(float *o, const float *z, const float *w, int T, int H, int hd, float eps);
 

@@ -65,7 +65,7 @@ extern "C" void *gk_malloc(size_t n) {
   }
   return p;
 }
-extern "C" void gk_free(void *p) { if (p) cudaFree(p); }
+extern "C" void gk_free(void *p) { if (p) (void)cudaFree(p); }
 extern "C" int gk_h2d(void *d, const void *h, size_t n) { GK_TRY(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice)); return 0; }
 extern "C" int gk_d2h(void *h, const void *d, size_t n) { GK_TRY(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost)); return 0; }
 extern "C" int gk_d2d(void *d, const void *s, size_t n) { GK_TRY(cudaMemcpy(d, s, n, cudaMemcpyDeviceToDevice)); return 0; }
@@ -232,10 +232,10 @@ __device__ __forceinline__ void gemv_rows_vec(const gpu_mat &W, int row0, const 
         if (row0 + r < W.rows && j + u * 256 < c1) wc_load(W, row0 + r, j + u * 256, w[r][u]);
 #pragma unroll
     for (int t = 0; t < NT; t++) {
-      if (t >= nt) break;
+      if (t >= nt) continue;
 #pragma unroll
       for (int u = 0; u < U; u++) {
-        if (j + u * 256 >= c1) break;
+        if (j + u * 256 >= c1) continue;
         float xv[8];
         x8<XV>(x + (size_t)t * ldx + j + u * 256, xv);
 #pragma unroll
@@ -307,7 +307,7 @@ __global__ void __launch_bounds__(256) gemv_k(gpu_mat W, const float *x, int n, 
   if ((threadIdx.x & 31) == 0)
 #pragma unroll
     for (int r = 0; r < RW; r++) {
-      if (row0 + r >= W.rows) break;
+      if (row0 + r >= W.rows) continue; /* not break: hipcc cannot fully unroll two-exit loops */
       for (int t = 0; t < nt; t++) {
         if (part) part[((size_t)blockIdx.z * n + t0 + t) * W.rows + row0 + r] = acc[r][t];
         else y[(size_t)(t0 + t) * ldy + row0 + r] = acc[r][t];
@@ -368,7 +368,7 @@ __device__ __forceinline__ void gemv1_row(const gpu_mat &W, int row, const float
       for (int u = 0; u < 4; u++) wl8<FMT>(W, row, j + u * 256, w[u]);
 #pragma unroll
       for (int t = 0; t < NT; t++) {
-        if (t >= nt) break;
+        if (t >= nt) continue;
         float a = acc[t];
 #pragma unroll
         for (int u = 0; u < 4; u++) {
@@ -384,7 +384,7 @@ __device__ __forceinline__ void gemv1_row(const gpu_mat &W, int row, const float
       wl8<FMT>(W, row, j, w);
 #pragma unroll
       for (int t = 0; t < NT; t++) {
-        if (t >= nt) break;
+        if (t >= nt) continue;
         const float *xp = x + (size_t)t * ldx + j;
         float a = acc[t];
 #pragma unroll
@@ -397,7 +397,7 @@ __device__ __forceinline__ void gemv1_row(const gpu_mat &W, int row, const float
       float w = wl1<FMT>(W, row, j);
 #pragma unroll
       for (int t = 0; t < NT; t++) {
-        if (t >= nt) break;
+        if (t >= nt) continue;
         acc[t] = fmaf(w, __ldg(x + (size_t)t * ldx + j), acc[t]);
       }
     }
@@ -724,14 +724,14 @@ extern "C" void *gk_event_new(void) {
   if (cudaEventCreate(&e) != cudaSuccess) return NULL;
   return (void *)e;
 }
-extern "C" void gk_event_record(void *e) { cudaEventRecord((cudaEvent_t)e, 0); }
+extern "C" void gk_event_record(void *e) { (void)cudaEventRecord((cudaEvent_t)e, 0); }
 extern "C" float gk_event_ms(void *a, void *b) {
   float ms = 0;
-  cudaEventSynchronize((cudaEvent_t)b);
-  cudaEventElapsedTime(&ms, (cudaEvent_t)a, (cudaEvent_t)b);
+  (void)cudaEventSynchronize((cudaEvent_t)b);
+  (void)cudaEventElapsedTime(&ms, (cudaEvent_t)a, (cudaEvent_t)b);
   return ms;
 }
-extern "C" void gk_event_free(void *e) { if (e) cudaEventDestroy((cudaEvent_t)e); }
+extern "C" void gk_event_free(void *e) { if (e) (void)cudaEventDestroy((cudaEvent_t)e); }
 
 __global__ void fill_k(uint32_t *p, size_t n, uint32_t seed) {
   GK_PDL_BEGIN();
@@ -753,10 +753,10 @@ extern "C" double gk_time_d2d_gbs(size_t bytes, int reps) {
   void *a = gk_malloc(bytes), *b = gk_malloc(bytes);
   if (!a || !b) { gk_free(a); gk_free(b); return -1; }
   fill_k<<<gk_blocks(bytes / 4, 256), 256>>>((uint32_t *)a, bytes / 4, 7);
-  cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
+  (void)cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
   void *e0 = gk_event_new(), *e1 = gk_event_new();
   gk_event_record(e0);
-  for (int i = 0; i < reps; i++) cudaMemcpy(i & 1 ? a : b, i & 1 ? b : a, bytes, cudaMemcpyDeviceToDevice);
+  for (int i = 0; i < reps; i++) (void)cudaMemcpy(i & 1 ? a : b, i & 1 ? b : a, bytes, cudaMemcpyDeviceToDevice);
   gk_event_record(e1);
   float ms = gk_event_ms(e0, e1);
   gk_event_free(e0); gk_event_free(e1);

@@ -309,10 +309,8 @@ __device__ __forceinline__ void gv_rows(const gpu_mat &W, const gpu_mat &W2, boo
       for (int j = cb * E + lane; j < j1; j += 32) {
         const float wv = wl1<FMT>(gu && (r & 1) ? W2 : W, rp.row[r], j);
 #pragma unroll
-        for (int t = 0; t < NTK; t++) {
-          if (t >= nt) break;
-          acc[r][t] = fmaf(wv, __ldg(xt[t] + j), acc[r][t]);
-        }
+        for (int t = 0; t < NTK; t++) /* no break: hipcc cannot fully unroll loops with two exits */
+          if (t < nt) acc[r][t] = fmaf(wv, __ldg(xt[t] + j), acc[r][t]);
       }
   }
 #pragma unroll
@@ -353,10 +351,10 @@ __device__ __forceinline__ void gv_store(const float (*acc)[NTK], float *const *
                                          float limit) {
 #pragma unroll
   for (int r = 0; r < RW; r++) {
-    if (row0 + r >= vrows) break;
+    if (row0 + r >= vrows) continue; /* continue, not break: see gv_rows */
 #pragma unroll
     for (int t = 0; t < NTK; t++) {
-      if (t >= nt) break;
+      if (t >= nt) continue;
       if (!gu) yrow[t][row0 + r] = acc[r][t];
       else if (!(r & 1)) yrow[t][(row0 + r) >> 1] = swiglu1(acc[r][t], acc[r + 1][t], limit);
     }
@@ -419,7 +417,7 @@ __global__ void __launch_bounds__(256, FMT <= GF_BF16 && NTK == 1 ? 3 : 2)
   if (has)
 #pragma unroll
     for (int r = 0; r < RW; r++) {
-      if (row0 + r >= vrows) break;
+      if (row0 + r >= vrows) continue;
 #pragma unroll
       for (int t = 0; t < NTK; t++)
         if (t < nt) P.part[((size_t)sp * n + t0 + t) * vrows + row0 + r] = acc[r][t];

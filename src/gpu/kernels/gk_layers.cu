@@ -343,91 +343,266 @@ extern "C" int gk_kda_gate(float *g, const float *dt_bias, const float *A_log, i
 }
 
 /* Delta-rule recurrence, token by token (kda_step). Columns j of S evolve
- * independently: one warp owns column j of one head, its lanes hold
- * S[i][j] for i = lane + 32m. State layout [H][dv][dk] keeps the lanes'
- * loads contiguous. grid (H, ceil(hd/8)), 256 threads. */
+ * independently. A warp owns KR_CPW = 8 columns of one head; lane l holds
+ * S[i][j] for i = l + 32m of each. Per token and column the 32-lane sums
+ * (S^T k, then S^T q) are one transposed reduction for all 8 columns
+ * (kr_reduce8: 9 shuffles instead of 8 x 5), the deltas go back by 8
+ * shuffles, and q, k and the decay of a row are read once for 8 columns.
+ * The block (4 warps, 32 columns) stages tiles of TT tokens in shared
+ * memory: q, k, decay, beta, v of its columns; with cp.async (CUDA, the
+ * decay already exponentiated or given as a log) the next tile is copied
+ * while the current one is computed, else one coalesced pass per tile. No
+ * block barrier per token. State layout [H][dv][dk] keeps the lanes' loads
+ * contiguous. grid (H, ceil(hd / 32), nseg). Every token's arithmetic is
+ * the same whatever the tiling, so decode and prefill agree bitwise. */
 #define KDA_MAXM 8 /* head dim <= 256 */
-template <bool GATED>
-__global__ void __launch_bounds__(256) kda_recur_k(gk_batch b, const float *qkv, const float *g, const float *dt_bias,
-                                                    const float *A_log, float lb, const float *bl, int H, int hd, float *o) {
+#define KR_CPW 8
+#define KR_WARPS 4
+#define KR_COLS (KR_CPW * KR_WARPS)
+/* MODE: how g gives the decay a = exp(gate): 0 g is the log decay, 1 g is
+ * the raw gate projection (kda_gate1), 2 g is the decay itself */
+enum { KR_LOG = 0, KR_RAW = 1, KR_DECAY = 2 };
+__device__ __forceinline__ int kr_col(int lane) { return ((lane >> 4) & 1) * 4 + ((lane >> 3) & 1) * 2 + ((lane >> 2) & 1); }
+__device__ __forceinline__ int kr_lane(int c) { return ((c >> 2) & 1) * 16 + ((c >> 1) & 1) * 8 + (c & 1) * 4; }
+/* 8 per-lane partials in, the 32-lane sum of column kr_col(lane) out (the 4
+ * lanes of a quad get the same bits: each stage adds a pair both ways) */
+__device__ __forceinline__ float kr_reduce8(const float *v, int lane) {
+  float w[4], x[2];
+  const bool u16 = lane & 16, u8 = lane & 8, u4 = lane & 4;
+#pragma unroll
+  for (int c = 0; c < 4; c++)
+    w[c] = (u16 ? v[c + 4] : v[c]) + __shfl_xor_sync(0xffffffffu, u16 ? v[c] : v[c + 4], 16);
+#pragma unroll
+  for (int c = 0; c < 2; c++)
+    x[c] = (u8 ? w[c + 2] : w[c]) + __shfl_xor_sync(0xffffffffu, u8 ? w[c] : w[c + 2], 8);
+  float y = (u4 ? x[1] : x[0]) + __shfl_xor_sync(0xffffffffu, u4 ? x[0] : x[1], 4);
+  y += __shfl_xor_sync(0xffffffffu, y, 2);
+  return y + __shfl_xor_sync(0xffffffffu, y, 1);
+}
+#if !GK_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define KR_CP_ASYNC 1
+#else
+#define KR_CP_ASYNC 0
+#endif
+__device__ __forceinline__ void kr_cp16(float *sm, const float *g) {
+#if KR_CP_ASYNC
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(sm)), "l"(g) : "memory");
+#else
+  *(float4 *)sm = *(const float4 *)g;
+#endif
+}
+__device__ __forceinline__ void kr_cp4(float *sm, const float *g) {
+#if KR_CP_ASYNC
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((unsigned)__cvta_generic_to_shared(sm)), "l"(g) : "memory");
+#else
+  *sm = *g;
+#endif
+}
+__device__ __forceinline__ void kr_commit(void) {
+#if KR_CP_ASYNC
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N> __device__ __forceinline__ void kr_wait(void) {
+#if KR_CP_ASYNC
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+/* floats of one tile buffer: q, k, a [TT][hd], v [TT][KR_COLS], beta [TT] */
+__host__ __device__ __forceinline__ size_t kr_tile_floats(int hd, int tt) {
+  return ((size_t)tt * (3 * hd + KR_COLS + 1) + 3) & ~(size_t)3;
+}
+
+template <int MODE, int MM, bool ASYNC>
+__global__ void __launch_bounds__(KR_WARPS * 32) kda_recur_k(gk_batch b, const float *qkv, const float *g,
+                                                              const float *dt_bias, const float *A_log, float lb,
+                                                              const float *bl, int H, int hd, int TT, float *o) {
   GK_PDL_BEGIN();
-  extern __shared__ float kda_sh[]; /* q[hd], k[hd], a[hd] */
-  float *qs = kda_sh, *ks = qs + hd, *as = ks + hd;
-  const int h = blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31, j = blockIdx.y * 8 + w;
+  extern __shared__ __align__(16) float kda_sh[];
+  const int h = blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31, c0 = blockIdx.y * KR_COLS;
+  const int cw = c0 + w * KR_CPW, my = kr_col(lane), nth = blockDim.x;
   const gk_seg sg = b.seg[blockIdx.z];
-  const int t0 = sg.t0, T = t0 + sg.len;
+  const int t0 = sg.t0, T = t0 + sg.len, inner = H * hd;
   float *S = sg.ls[b.layer].p[GK_ST_S];
-  const int inner = H * hd;
-  const bool act = j < hd;
-  float s[KDA_MAXM];
-  float *Sj = S + ((size_t)h * hd + (act ? j : 0)) * hd;
+  const size_t tf = kr_tile_floats(hd, TT);
+  float s[KR_CPW][MM];
 #pragma unroll
-  for (int m = 0; m < KDA_MAXM; m++) {
-    int i = lane + 32 * m;
-    s[m] = (act && i < hd) ? Sj[i] : 0.f;
-  }
-  for (int t = t0; t < T; t++) {
-    const float *row = qkv + (size_t)t * 3 * inner;
-    __syncthreads();
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-      qs[i] = row[h * hd + i];
-      ks[i] = row[inner + h * hd + i];
-      const float gv = g[(size_t)t * inner + h * hd + i];
-      as[i] = expf(GATED ? kda_gate1(gv, dt_bias, A_log, h, h * hd + i, lb) : gv);
+  for (int c = 0; c < KR_CPW; c++) {
+    const int j = cw + c;
+    const float *Sj = S + ((size_t)h * hd + (j < hd ? j : 0)) * hd;
+#pragma unroll
+    for (int m = 0; m < MM; m++) {
+      const int i = lane + 32 * m;
+      s[c][m] = (j < hd && i < hd) ? Sj[i] : 0.f;
     }
-    __syncthreads();
-    if (!act) continue;
-    float beta = sigm(bl[(size_t)t * H + h]);
-    float r = 0;
-#pragma unroll
-    for (int m = 0; m < KDA_MAXM; m++) {
-      int i = lane + 32 * m;
-      if (i < hd) {
-        s[m] *= as[i];
-        r += s[m] * ks[i];
+  }
+  /* tile of nt tokens from tb into buf */
+  auto load = [&](int tb, int nt, float *buf) {
+    float *qs = buf, *ks = qs + (size_t)TT * hd, *as = ks + (size_t)TT * hd, *vs = as + (size_t)TT * hd, *bs = vs + (size_t)TT * KR_COLS;
+    if (ASYNC) {
+      const int q4 = hd / 4;
+      for (int e = threadIdx.x; e < nt * q4; e += nth) {
+        const int u = e / q4, i = 4 * (e - u * q4);
+        const size_t t = (size_t)tb + u;
+        const float *row = qkv + t * 3 * inner + h * hd + i;
+        kr_cp16(qs + u * hd + i, row);
+        kr_cp16(ks + u * hd + i, row + inner);
+        kr_cp16(as + u * hd + i, g + t * inner + h * hd + i);
       }
-    }
-    r = warp_sum(r);
-    float delta = beta * (row[2 * inner + h * hd + j] - r), oo = 0;
-#pragma unroll
-    for (int m = 0; m < KDA_MAXM; m++) {
-      int i = lane + 32 * m;
-      if (i < hd) {
-        s[m] += ks[i] * delta;
-        oo += s[m] * qs[i];
+      for (int e = threadIdx.x; e < nt * (KR_COLS / 4); e += nth) {
+        const int u = e / (KR_COLS / 4), jj = 4 * (e - u * (KR_COLS / 4)), j = c0 + jj;
+        if (j < hd) kr_cp16(vs + u * KR_COLS + jj, qkv + ((size_t)tb + u) * 3 * inner + 2 * inner + h * hd + j);
+        else *(float4 *)(vs + u * KR_COLS + jj) = make_float4(0.f, 0.f, 0.f, 0.f);
       }
+      for (int e = threadIdx.x; e < nt; e += nth) kr_cp4(bs + e, bl + ((size_t)tb + e) * H + h);
+    } else {
+      for (int e = threadIdx.x; e < nt * hd; e += nth) {
+        const int u = e / hd, i = e - u * hd;
+        const size_t t = (size_t)tb + u;
+        const float *row = qkv + t * 3 * inner;
+        qs[e] = row[h * hd + i];
+        ks[e] = row[inner + h * hd + i];
+        const float gv = g[t * inner + h * hd + i];
+        as[e] = MODE == KR_DECAY ? gv : expf(MODE == KR_RAW ? kda_gate1(gv, dt_bias, A_log, h, h * hd + i, lb) : gv);
+      }
+      for (int e = threadIdx.x; e < nt * KR_COLS; e += nth) {
+        const int u = e / KR_COLS, j = c0 + (e - u * KR_COLS);
+        vs[e] = j < hd ? qkv[((size_t)tb + u) * 3 * inner + 2 * inner + h * hd + j] : 0.f;
+      }
+      for (int e = threadIdx.x; e < nt; e += nth) bs[e] = bl[((size_t)tb + e) * H + h];
     }
-    oo = warp_sum(oo);
-    if (lane == 0) o[(size_t)t * inner + h * hd + j] = oo;
+  };
+  if (ASYNC && t0 < T) {
+    load(t0, T - t0 < TT ? T - t0 : TT, kda_sh);
+    kr_commit();
   }
-  if (act) {
+  int n = 0;
+  for (int tb = t0; tb < T; tb += TT, n++) {
+    const int nt = T - tb < TT ? T - tb : TT;
+    float *cur = kda_sh + (ASYNC && (n & 1) ? tf : 0);
+    if (ASYNC) {
+      if (tb + TT < T) {
+        load(tb + TT, T - tb - TT < TT ? T - tb - TT : TT, kda_sh + ((n & 1) ? 0 : tf));
+        kr_commit();
+        kr_wait<1>();
+      } else {
+        kr_wait<0>();
+      }
+      __syncthreads();
+    } else {
+      __syncthreads(); /* the previous tile is consumed */
+      load(tb, nt, cur);
+      __syncthreads();
+    }
+    const float *qs = cur, *ks = qs + (size_t)TT * hd, *as = ks + (size_t)TT * hd, *vs = as + (size_t)TT * hd, *bs = vs + (size_t)TT * KR_COLS;
+    for (int u = 0; u < nt; u++) {
+      float av[MM], kv[MM], qv[MM], p[KR_CPW];
 #pragma unroll
-    for (int m = 0; m < KDA_MAXM; m++) {
-      int i = lane + 32 * m;
-      if (i < hd) Sj[i] = s[m];
+      for (int m = 0; m < MM; m++) {
+        const int i = lane + 32 * m;
+        const bool in = i < hd;
+        const float ar = in ? as[u * hd + i] : 0.f;
+        av[m] = ASYNC && MODE == KR_LOG ? expf(ar) : ar; /* the async copy is raw */
+        kv[m] = in ? ks[u * hd + i] : 0.f;
+        qv[m] = in ? qs[u * hd + i] : 0.f;
+      }
+#pragma unroll
+      for (int c = 0; c < KR_CPW; c++) {
+        float r = 0;
+#pragma unroll
+        for (int m = 0; m < MM; m++) {
+          s[c][m] *= av[m];
+          r += s[c][m] * kv[m];
+        }
+        p[c] = r;
+      }
+      const float r = kr_reduce8(p, lane);
+      const float delta = sigm(bs[u]) * (vs[u * KR_COLS + w * KR_CPW + my] - r);
+#pragma unroll
+      for (int c = 0; c < KR_CPW; c++) {
+        const float d = __shfl_sync(0xffffffffu, delta, kr_lane(c));
+        float oo = 0;
+#pragma unroll
+        for (int m = 0; m < MM; m++) {
+          s[c][m] += kv[m] * d;
+          oo += s[c][m] * qv[m];
+        }
+        p[c] = oo;
+      }
+      const float ov = kr_reduce8(p, lane);
+      if ((lane & 3) == 0 && cw + my < hd) o[((size_t)tb + u) * inner + h * hd + cw + my] = ov;
+    }
+    if (ASYNC) __syncthreads(); /* cur is the target of the copy issued next round */
+  }
+#pragma unroll
+  for (int c = 0; c < KR_CPW; c++) {
+    const int j = cw + c;
+    if (j >= hd) continue;
+    float *Sj = S + ((size_t)h * hd + j) * hd;
+#pragma unroll
+    for (int m = 0; m < MM; m++) {
+      const int i = lane + 32 * m;
+      if (i < hd) Sj[i] = s[c][m];
     }
   }
+}
+/* decay = exp(gate) in place, for the copied (async) tiles at prefill */
+__global__ void kda_decay_k(float *g, const float *dt_bias, const float *A_log, size_t n, int H, int hd, float lb) {
+  GK_PDL_BEGIN();
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int c = (int)(i % ((size_t)H * hd));
+  g[i] = expf(kda_gate1(g[i], dt_bias, A_log, c / hd, c, lb));
+}
+
+template <int MODE, int MM>
+static void kr_launch(const gk_batch *b, const float *qkv, const float *g, const float *dt_bias, const float *A_log,
+                      float lb, const float *bl, int T, int H, int hd, float *o, bool async) {
+  /* tokens per tile: what fits in 48 KB (no opt-in shared memory), split
+   * over two buffers when copying asynchronously; at most 32, at most T */
+  const int nb = async ? 2 : 1;
+  int tt = 32;
+  while (tt > 1 && (size_t)nb * kr_tile_floats(hd, tt) * sizeof(float) > 48 * 1024) tt--;
+  if (T > 0 && T < tt) tt = T;
+  const size_t sm = (size_t)nb * kr_tile_floats(hd, tt) * sizeof(float);
+  dim3 grid(H, gk_blocks(hd, KR_COLS), b->nseg);
+  if (async)
+    gk_launch(kda_recur_k<MODE, MM, true>, grid, KR_WARPS * 32, sm, *b, qkv, g, dt_bias, A_log, lb, bl, H, hd, tt, o);
+  else
+    gk_launch(kda_recur_k<MODE, MM, false>, grid, KR_WARPS * 32, sm, *b, qkv, g, dt_bias, A_log, lb, bl, H, hd, tt, o);
+}
+template <int MODE>
+static int kr_run(const gk_batch *b, const float *qkv, const float *g, const float *dt_bias, const float *A_log, float lb,
+                  const float *bl, int T, int H, int hd, float *o) {
+  if (hd > 32 * KDA_MAXM) return gk_fail("kda: head dim %d above %d", hd, 32 * KDA_MAXM);
+  if (batch_ok(b, "kda_recur")) return -1;
+  /* cp.async tiles: CUDA, 16-byte rows (the decay given, not the raw gate) */
+  const bool async = !GK_HIP && MODE != KR_RAW && hd % 4 == 0 && (uintptr_t)qkv % 16 == 0 && (uintptr_t)g % 16 == 0;
+  if (hd <= 32) kr_launch<MODE, 1>(b, qkv, g, dt_bias, A_log, lb, bl, T, H, hd, o, async);
+  else if (hd <= 64) kr_launch<MODE, 2>(b, qkv, g, dt_bias, A_log, lb, bl, T, H, hd, o, async);
+  else if (hd <= 128) kr_launch<MODE, 4>(b, qkv, g, dt_bias, A_log, lb, bl, T, H, hd, o, async);
+  else kr_launch<MODE, 8>(b, qkv, g, dt_bias, A_log, lb, bl, T, H, hd, o, async);
+  return GK_LAUNCHED("kda_recur");
 }
 extern "C" int gk_kda_recur(const gk_batch *b, const float *qkv, const float *g, const float *beta_logit, int T, int H,
                             int hd, float *o) {
-  if (hd > 32 * KDA_MAXM) return gk_fail("kda: head dim %d above %d", hd, 32 * KDA_MAXM);
-  if (batch_ok(b, "kda_recur")) return -1;
-  (void)T;
-  dim3 grid(H, gk_blocks(hd, 8), b->nseg);
-  gk_launch(kda_recur_k<false>, grid, 256, 3 * hd * sizeof(float), *b, qkv, g, (const float *)NULL, (const float *)NULL,
-            0.f, beta_logit, H, hd, o);
-  return GK_LAUNCHED("kda_recur");
+  return kr_run<KR_LOG>(b, qkv, g, NULL, NULL, 0.f, beta_logit, T, H, hd, o);
 }
-extern "C" int gk_kda_recur_gated(const gk_batch *b, const float *qkv, const float *graw, const float *dt_bias,
+/* decode (T < KR_DECAY_MIN): the gate transform as the tile is read; longer
+ * launches turn graw into the decay in place first (one elementwise pass,
+ * instead of every block recomputing its head's gates) and copy tiles
+ * asynchronously. The same expf(kda_gate1(.)) either way: the same bits. */
+#define KR_DECAY_MIN 32
+extern "C" int gk_kda_recur_gated(const gk_batch *b, const float *qkv, float *graw, const float *dt_bias,
                                   const float *A_log, float lower_bound, const float *beta_logit, int T, int H, int hd,
                                   float *o) {
-  if (hd > 32 * KDA_MAXM) return gk_fail("kda: head dim %d above %d", hd, 32 * KDA_MAXM);
-  if (batch_ok(b, "kda_recur")) return -1;
-  (void)T;
-  dim3 grid(H, gk_blocks(hd, 8), b->nseg);
-  gk_launch(kda_recur_k<true>, grid, 256, 3 * hd * sizeof(float), *b, qkv, graw, dt_bias, A_log, lower_bound, beta_logit,
-            H, hd, o);
-  return GK_LAUNCHED("kda_recur");
+  if (T >= KR_DECAY_MIN) {
+    const size_t n = (size_t)T * H * hd;
+    gk_launch(kda_decay_k, gk_blocks(n, 256), 256, 0, graw, dt_bias, A_log, n, H, hd, lower_bound);
+    if (GK_LAUNCHED("kda_decay")) return -1;
+    return kr_run<KR_DECAY>(b, qkv, graw, NULL, NULL, 0.f, beta_logit, T, H, hd, o);
+  }
+  return kr_run<KR_RAW>(b, qkv, graw, dt_bias, A_log, lower_bound, beta_logit, T, H, hd, o);
 }
 
 /* gated RMSNorm per head: w * o / rms(o) * sigmoid(z) */

@@ -35,13 +35,13 @@ extern "C" void *gk_host_pinned(size_t n) {
   void *p = NULL;
   cudaError_t e = cudaHostAlloc(&p, n ? n : 1, cudaHostAllocDefault);
   if (e != cudaSuccess) {
-    cudaGetLastError();
+    (void)cudaGetLastError();
     gk_fail("pinned host allocation of %zu bytes failed: %s", n, cudaGetErrorString(e));
     return NULL;
   }
   return p;
 }
-extern "C" void gk_host_pinned_free(void *p) { if (p) cudaFreeHost(p); }
+extern "C" void gk_host_pinned_free(void *p) { if (p) (void)cudaFreeHost(p); }
 
 extern "C" void *gk_sync_event_new(void) {
   cudaEvent_t e;
@@ -82,18 +82,18 @@ extern "C" double gk_time_h2d_gbs(size_t bytes, int reps) {
   void *h = gk_host_pinned(bytes), *d = gk_malloc(bytes);
   if (!h || !d) { gk_host_pinned_free(h); gk_free(d); return -1; }
   memset(h, 1, bytes);
-  cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice);
+  (void)cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice);
   cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  cudaEventRecord(a, GK_COMPUTE);
-  for (int i = 0; i < reps; i++) cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, GK_COMPUTE);
-  cudaEventRecord(b, GK_COMPUTE);
-  cudaEventSynchronize(b);
+  (void)cudaEventCreate(&a);
+  (void)cudaEventCreate(&b);
+  (void)cudaEventRecord(a, GK_COMPUTE);
+  for (int i = 0; i < reps; i++) (void)cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, GK_COMPUTE);
+  (void)cudaEventRecord(b, GK_COMPUTE);
+  (void)cudaEventSynchronize(b);
   float ms = 0;
-  cudaEventElapsedTime(&ms, a, b);
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
+  (void)cudaEventElapsedTime(&ms, a, b);
+  (void)cudaEventDestroy(a);
+  (void)cudaEventDestroy(b);
   gk_host_pinned_free(h);
   gk_free(d);
   return ms > 0 ? (double)bytes * reps / (ms * 1e-3) / 1e9 : -1;
