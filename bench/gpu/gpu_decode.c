@@ -16,6 +16,8 @@
  *      resident .. nothing resident, cache slots 1/4 of the budget or 2 x
  *      top-k): decode tok/s against the cache hit rate and the bytes copied,
  *      next to the pinned host->device bandwidth measured in the same run.
+ * GLM53_GPU_KPROF=1 (with GLM53_GPU_GRAPH=0): instead of the timings, the
+ *      per-operation GPU time of decode and prefill (gk_kprof.cu).
  * Usage: gpu_decode [experts=32] [decode_steps=32] [bf16|q4|stream] [layers=45, stream: 6] */
 #include "glm53.h"
 #include "gpu/glm53_gpu.h"
@@ -29,6 +31,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+
+/* n pseudo-random token ids below V (the same sequence every run) */
+static int32_t *synth_tokens(int n, int V) {
+  int32_t *tok = xmalloc((size_t)n * sizeof(int32_t));
+  for (int i = 0; i < n; i++) tok[i] = (int32_t)(mix64(i + 17) % V);
+  return tok;
+}
 
 static double run(glm53_session *s, const int32_t *tok, int n, float *logits) {
   void *a = gk_event_new(), *b = gk_event_new();
@@ -58,8 +67,7 @@ static int stream_bench(glm53_model *m, int E, int steps, size_t dbytes) {
   double total = blob * E * moe_layers;
   static const double fr[] = {-1, 0.75, 0.5, 0.25, 0};
   const int V = c->vocab_size, ctx = 64 + steps + 16;
-  int32_t *tok = xmalloc((size_t)ctx * sizeof(int32_t));
-  for (int i = 0; i < ctx; i++) tok[i] = (int32_t)(mix64(i + 17) % V);
+  int32_t *tok = synth_tokens(ctx, V);
   float *logits = xmalloc((size_t)V * sizeof(float));
   for (size_t i = 0; i < sizeof fr / sizeof *fr; i++) {
     if (m->backend->model_free) m->backend->model_free(m);
@@ -95,6 +103,38 @@ static int stream_bench(glm53_model *m, int E, int steps, size_t dbytes) {
   return 0;
 }
 
+/* GLM53_GPU_KPROF=1: per-operation GPU time (gk_kprof.cu) of 8 decode
+ * steps at context 64, a 4096-token prefill and 8 decode steps after it,
+ * instead of the timings (graphs off) */
+static int kprof_bench(glm53_model *m, const char *mode) {
+  const int V = m->cfg.vocab_size, NP = 4096, steps = 8, ctx = NP + 3 * steps + 16;
+  int32_t *tok = synth_tokens(ctx, V);
+  float *logits = xmalloc((size_t)V * sizeof(float));
+  glm53_session *s = glm53_session_new(m, ctx);
+  if (!s) { printf("session: %s\n", glm53_last_error()); return 1; }
+  run(s, tok, 64, logits);
+  decode(s, 2, tok + 64, logits); /* warm-up */
+  if (gk_kprof_begin()) { printf("kprof: %s\n", gk_error()); return 1; }
+  for (int i = 0; i < steps; i++) glm53_forward(s, tok + 69 + i, 1, logits, 0);
+  gk_kprof_end(!strcmp(mode, "q4") ? "q4 decode @ctx 64" : "bf16 decode @ctx 64", steps);
+  if (strcmp(mode, "q4")) {
+    glm53_session_reset(s);
+    run(s, tok, 512, logits); /* warm-up of the GEMM shapes */
+    glm53_session_reset(s);
+    gk_kprof_begin();
+    run(s, tok, NP, logits);
+    gk_kprof_end("bf16 prefill 4096", 1);
+    decode(s, 2, tok + NP, logits);
+    gk_kprof_begin();
+    for (int i = 0; i < steps; i++) glm53_forward(s, tok + NP + 5 + i, 1, logits, 0);
+    gk_kprof_end("bf16 decode @ctx 4096", steps);
+  }
+  glm53_session_free(s);
+  glm53_model_free(m);
+  free(tok); free(logits);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   int E = argc > 1 ? atoi(argv[1]) : 32, steps = argc > 2 ? atoi(argv[2]) : 32;
   const char *mode = argc > 3 ? argv[3] : "bf16";
@@ -118,9 +158,9 @@ int main(int argc, char **argv) {
   t0 = now_sec();
   if (glm53_backend_select(m, "gpu")) { printf("gpu backend: %s\n", glm53_last_error()); return 1; }
   printf("gpu model_init (validation + upload) %.1f s\n", now_sec() - t0);
+  if (getenv("GLM53_GPU_KPROF") && !strcmp(getenv("GLM53_GPU_KPROF"), "1")) return kprof_bench(m, mode);
   const int V = m->cfg.vocab_size, NP = 4096, ctx = NP + steps + 16;
-  int32_t *tok = xmalloc((size_t)ctx * sizeof(int32_t));
-  for (int i = 0; i < ctx; i++) tok[i] = (int32_t)(mix64(i + 17) % V);
+  int32_t *tok = synth_tokens(ctx, V);
   float *logits = xmalloc((size_t)V * sizeof(float));
 
   glm53_session *s = glm53_session_new(m, ctx);

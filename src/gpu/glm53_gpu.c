@@ -127,6 +127,7 @@ static double pr_sec[PR_N];
 static int pr_on = -1; /* set by the first pr_mark, which precedes any use */
 static double pr_t;
 static void pr_mark(int stage) {
+  if (stage >= 0) gk_kprof_stage(pr_names[stage]); /* no-op unless a bench profiles kernels */
   if (pr_on < 0) pr_on = getenv("GLM53_GPU_PROFILE") && !strcmp(getenv("GLM53_GPU_PROFILE"), "1");
   if (!pr_on) return;
   gk_sync();
@@ -630,8 +631,7 @@ static int kda_dev(const glm53_config *c, const gkda *w, const gk_batch *b, acts
   const gk_prod p2[] = {{.W = &w->fb, .y = A->g, .ldy = inner, .x = A->fa, .ldx = 2 * hd},
                         {.W = &w->gb, .y = A->z, .ldy = inner, .x = A->fa + hd, .ldx = 2 * hd}};
   TRY(gk_matmul_multi(p2, 2, NULL, T, 0));
-  TRY(gk_kda_conv(A->raw, b, w->conv, T, ch, c->linear_conv_kernel_dim, A->qkv));
-  TRY(gk_kda_prep(A->qkv, T, H, hd, 1.0f / sqrtf((float)hd)));
+  TRY(gk_kda_conv_prep(A->raw, b, w->conv, T, H, hd, c->linear_conv_kernel_dim, 1.0f / sqrtf((float)hd), A->qkv));
   TRY(gk_kda_recur_gated(b, A->qkv, A->g, w->dt_bias, w->A_log, c->linear_lower_bound, A->beta, T, H, hd, A->o));
   TRY(gk_kda_out(A->o, A->z, w->o_norm, T, H, hd, c->rms_norm_eps));
   return gk_matmul(&w->o, A->o, T, inner, A->a, D);

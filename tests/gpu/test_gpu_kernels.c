@@ -21,6 +21,8 @@
 #include "gpu/kernels/gk.h"
 #include "model/wmat.h"
 #include "model/layers.h"
+#include "model/ops.h"
+#include "model/model.h"
 #include "core/util.h"
 #include "test_util.h"
 #include <string.h>
@@ -348,6 +350,129 @@ static void kda_gated_case(float lb, int T) {
   gk_free(o1); gk_free(o2); gk_free(dls); gk_free(dseg); gk_free(tseg);
 }
 
+/* gk_select against a CPU sort (score descending, NaN as -inf, index
+ * ascending): n pools per token, scores from 7 values (ties) and NaNs;
+ * n <= 4096 takes the shared-memory sort, more the rank count */
+static const float *g_sel_sc;
+static int sel_cmp(const void *a, const void *b) {
+  const int i = *(const int *)a, j = *(const int *)b;
+  float x = g_sel_sc[i], y = g_sel_sc[j];
+  if (isnan(x)) x = -INFINITY;
+  if (isnan(y)) y = -INFINITY;
+  return x != y ? (x > y ? -1 : 1) : (i < j ? -1 : 1);
+}
+static void select_case(int n, int K) {
+  const int P = 4, T = 2, maxpool = n;
+  float *sc = xmalloc((size_t)T * maxpool * 4);
+  for (size_t i = 0; i < (size_t)T * maxpool; i++) {
+    const int v = (int)(rnd() % 8);
+    sc[i] = v == 7 ? NAN : (float)(v - 3);
+  }
+  float *dsc = gk_malloc((size_t)T * maxpool * 4);
+  gk_h2d(dsc, sc, (size_t)T * maxpool * 4);
+  gk_seg seg = {.ls = NULL, .t0 = 0, .len = T, .pos0 = P * n - 1}; /* both tokens see n complete pools */
+  gk_seg *dseg = gk_malloc(sizeof seg);
+  int *tseg = gk_malloc((size_t)T * 4), *dden = gk_malloc(T * 4), *dnp = gk_malloc(T * 4), *dtail = gk_malloc(T * 4);
+  int *dpl = gk_malloc((size_t)T * K * 4);
+  gk_h2d(dseg, &seg, sizeof seg);
+  gk_memset(tseg, 0, (size_t)T * 4);
+  gk_batch b = {.seg = dseg, .tseg = tseg, .nseg = 1, .maxlen = T};
+  int *got = xmalloc((size_t)T * K * 4), *ord = xmalloc((size_t)n * 4), np[2] = {0, 0};
+  int rc = gk_select(dsc, &b, T, P, K, maxpool, 1, dden, dnp, dtail, dpl) || gk_d2h(got, dpl, (size_t)T * K * 4) ||
+           gk_d2h(np, dnp, T * 4);
+  int same = !rc;
+  for (int t = 0; t < T && same; t++) {
+    for (int i = 0; i < n; i++) ord[i] = i;
+    g_sel_sc = sc + (size_t)t * maxpool;
+    qsort(ord, n, sizeof *ord, sel_cmp);
+    same &= np[t] == K && !memcmp(got + (size_t)t * K, ord, (size_t)K * 4);
+  }
+  CHECK(rc == 0, "select: %s", gk_error());
+  CHECK(same, "select of %d of %d pools differs from the sorted order", K, n);
+  printf("indexer top-%d of %d pools (ties, NaN): same pools in the same order as a CPU sort: %s\n", K, n,
+         same ? "yes" : "NO");
+  free(sc); free(got); free(ord);
+  gk_free(dsc); gk_free(dseg); gk_free(tseg); gk_free(dden); gk_free(dnp); gk_free(dtail); gk_free(dpl);
+}
+
+/* gk_mhc_pre (projection from gk_matmul) against the CPU mhc_pre + the
+ * sublayer RMSNorm: D = 8196 runs past the rows held in registers, D = 302
+ * (D % 4 != 0) takes the scalar path; tolerance 1e-4 as the startup check */
+static void mhc_pre_case(int T, int D) {
+  glm53_config c = {0};
+  c.hc_mult = 4; c.hidden_size = D; c.hc_sinkhorn_iters = 20; c.hc_eps = 1e-6f; c.rms_norm_eps = 1e-5f;
+  const int hc = 4, mix = (2 + hc) * hc, n = hc * D;
+  float *fn = NULL, *base = NULL, *sc = NULL, *X = NULL, *nw = NULL;
+  float *dfn = dvec((size_t)mix * n, -0.02f, 0.02f, &fn), *dbase = dvec(mix, -0.5f, 0.5f, &base);
+  float *dsc = dvec(3, 0.8f, 1.2f, &sc), *dX = dvec((size_t)T * n, -1, 1, &X), *dnw = dvec(D, 0.8f, 1.2f, &nw);
+  float *dmix = gk_malloc((size_t)T * mix * 4), *dpost = gk_malloc((size_t)T * hc * 4);
+  float *dcomb = gk_malloc((size_t)T * hc * hc * 4), *dy = gk_malloc((size_t)T * D * 4);
+  gpu_mat g = {.fmt = WMAT_F32, .rows = mix, .cols = n, .d = dfn};
+  mhc_weights w = {fn, base, sc};
+  float *ry = xmalloc((size_t)T * D * 4), *gy = xmalloc((size_t)T * D * 4), *rp = xmalloc((size_t)T * hc * 4);
+  float *gp = xmalloc((size_t)T * hc * 4), *rc_ = xmalloc((size_t)T * hc * hc * 4), *gc = xmalloc((size_t)T * hc * hc * 4);
+  for (int t = 0; t < T; t++) {
+    mhc_pre(&w, &c, X + (size_t)t * n, rp + t * hc, rc_ + t * hc * hc, ry + (size_t)t * D);
+    rmsnorm(ry + (size_t)t * D, ry + (size_t)t * D, nw, D, c.rms_norm_eps);
+  }
+  int rc = gk_matmul(&g, dX, T, n, dmix, mix) ||
+           gk_mhc_pre(dX, dmix, dbase, dsc, dnw, T, hc, D, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, dpost, dcomb, dy) ||
+           gk_d2h(gy, dy, (size_t)T * D * 4) || gk_d2h(gp, dpost, (size_t)T * hc * 4) ||
+           gk_d2h(gc, dcomb, (size_t)T * hc * hc * 4);
+  const double ey = rc ? INFINITY : rel(gy, ry, (size_t)T * D), ep = rc ? INFINITY : rel(gp, rp, (size_t)T * hc);
+  const double ec = rc ? INFINITY : rel(gc, rc_, (size_t)T * hc * hc);
+  CHECK(rc == 0, "mhc pre: %s", gk_error());
+  CHECK(ey <= 1e-4 && ep <= 1e-4 && ec <= 1e-4, "mhc pre D %d: y %.3g post %.3g comb %.3g (tol 1e-4)", D, ey, ep, ec);
+  printf("mhc pre, %d tokens, D %d: vs CPU y %.2g post %.2g comb %.2g (tol 1e-4)\n", T, D, ey, ep, ec);
+  free(fn); free(base); free(sc); free(X); free(nw); free(ry); free(gy); free(rp); free(gp); free(rc_); free(gc);
+  gk_free(dfn); gk_free(dbase); gk_free(dsc); gk_free(dX); gk_free(dnw); gk_free(dmix); gk_free(dpost); gk_free(dcomb);
+  gk_free(dy);
+}
+
+/* gk_kda_conv_prep against gk_kda_conv + gk_kda_prep, bitwise (outputs and
+ * conv states): nseg segments of len tokens each (len <= 4: the one-launch
+ * form that also writes the states; longer: conv+prep, then the state
+ * kernel), K = 4 */
+static void kda_conv_prep_case(int nseg, int len, int H, int hd) {
+  const int K = 4, inner = H * hd, ch = 3 * inner, T = nseg * len;
+  float *hs = NULL;
+  float *raw = dvec((size_t)T * ch, -2, 2, NULL), *w = dvec((size_t)ch * K, -0.5f, 0.5f, NULL);
+  float *st1 = dvec((size_t)nseg * (K - 1) * ch, -1, 1, &hs), *st2 = gk_malloc((size_t)nseg * (K - 1) * ch * 4);
+  float *o1 = gk_malloc((size_t)T * ch * 4), *o2 = gk_malloc((size_t)T * ch * 4);
+  gk_h2d(st2, hs, (size_t)nseg * (K - 1) * ch * 4);
+  gk_lstate *ls = xcalloc((size_t)2 * nseg, sizeof *ls);
+  for (int q = 0; q < nseg; q++) {
+    ls[q].p[GK_ST_CONV] = st1 + (size_t)q * (K - 1) * ch;
+    ls[nseg + q].p[GK_ST_CONV] = st2 + (size_t)q * (K - 1) * ch;
+  }
+  gk_lstate *dls = gk_malloc((size_t)2 * nseg * sizeof *ls);
+  gk_h2d(dls, ls, (size_t)2 * nseg * sizeof *ls);
+  gk_seg *seg = xcalloc((size_t)2 * nseg, sizeof *seg);
+  int *ts = xmalloc((size_t)T * sizeof(int));
+  for (int q = 0; q < nseg; q++) {
+    seg[q] = (gk_seg){.ls = dls + q, .t0 = q * len, .len = len, .pos0 = 7};
+    seg[nseg + q] = (gk_seg){.ls = dls + nseg + q, .t0 = q * len, .len = len, .pos0 = 7};
+    for (int t = 0; t < len; t++) ts[q * len + t] = q;
+  }
+  gk_seg *dseg = gk_malloc((size_t)2 * nseg * sizeof *seg);
+  int *tseg = gk_malloc((size_t)T * sizeof(int));
+  gk_h2d(dseg, seg, (size_t)2 * nseg * sizeof *seg);
+  gk_h2d(tseg, ts, (size_t)T * sizeof(int));
+  gk_batch b1 = {.seg = dseg, .tseg = tseg, .nseg = nseg, .maxlen = len}, b2 = b1;
+  b2.seg = dseg + nseg;
+  const float qs = 0.125f;
+  int rc = gk_kda_conv(raw, &b1, w, T, ch, K, o1) || gk_kda_prep(o1, T, H, hd, qs) ||
+           gk_kda_conv_prep(raw, &b2, w, T, H, hd, K, qs, o2);
+  const int bits = !rc && dsame(o1, o2, (size_t)T * ch) && dsame(st1, st2, (size_t)nseg * (K - 1) * ch);
+  CHECK(rc == 0, "kda conv+prep: %s", gk_error());
+  CHECK(bits, "kda conv+prep (%d x %d tokens, hd %d) differs from conv then prep", nseg, len, hd);
+  printf("kda conv+prep fused, %d segment(s) of %d token(s), H %d, hd %d: outputs and conv states bitwise %s\n", nseg, len,
+         H, hd, bits ? "yes" : "NO");
+  free(hs); free(ls); free(seg); free(ts);
+  gk_free(raw); gk_free(w); gk_free(st1); gk_free(st2); gk_free(o1); gk_free(o2); gk_free(dls); gk_free(dseg);
+  gk_free(tseg);
+}
+
 /* The recurrence's staged token tiles (docs/gpu.md, KDA): two sequences of
  * T1 and T2 tokens in one launch (tiles of up to 32 tokens, partial column
  * groups when hd % 16 != 0) against the CPU kda_step (double sums), and
@@ -524,5 +649,16 @@ int main(void) {
   kda_tiles_case(45, 32, 3, 40);
   kda_tiles_case(40, 27, 1, 256);
   kda_tiles_case(33, 20, 2, 30);
+  kda_conv_prep_case(3, 1, 4, 64);  /* decode: one launch, states written by it */
+  kda_conv_prep_case(2, 3, 3, 40);  /* short segments, still one launch */
+  kda_conv_prep_case(2, 37, 2, 128); /* prefill: conv+prep, then the state kernel */
+  kda_conv_prep_case(1, 2, 1, 256);
+  mhc_pre_case(3, 8196);
+  mhc_pre_case(2, 302);
+  mhc_pre_case(2, 4096);
+  select_case(1000, 512); /* shared-memory sort, 1024 slots */
+  select_case(1024, 512); /* a full power of two */
+  select_case(70, 16);
+  select_case(5000, 512); /* rank count (past 4096 pools) */
   TEST_DONE();
 }

@@ -8,8 +8,8 @@
 #         run on gpu vs cpu vs streamed experts);
 #  bench: the GEMV microbenchmark, the full-dimension model (45 layers bf16
 #         and Q4, the 6-layer streamed-expert sweep), each GEMV/Q4 run again
-#         without x staging, a per-stage profile (GLM53_GPU_PROFILE=1), and
-#         batch scaling.
+#         without x staging, a per-stage profile (GLM53_GPU_PROFILE=1), a
+#         per-operation profile (GLM53_GPU_KPROF=1), and batch scaling.
 # Everything goes to stdout (tee it into $OUT/log.txt). A deadline
 # (DEADLINE seconds after start, default 540) bounds every step; ONLY (an
 # extended regex) runs just the steps whose names match it.
@@ -65,6 +65,8 @@ if [ "$PART" != tests ]; then
   have gpu_gemv && step gpu_gemv.noxs 90 env GLM53_GPU_GEMV_XS=0 "$D/gpu_gemv"
   step gpu_decode.q4.noxs 80 env GLM53_GPU_GEMV_XS=0 "$D/gpu_decode" 64 16 q4 45
   step gpu_decode.profile 150 env GLM53_GPU_PROFILE=1 "$D/gpu_decode" 32 8 bf16 45
+  step gpu_decode.kprof 120 env GLM53_GPU_GRAPH=0 GLM53_GPU_KPROF=1 "$D/gpu_decode" 32 8 bf16 45
+  step gpu_decode.kprof.q4 90 env GLM53_GPU_GRAPH=0 GLM53_GPU_KPROF=1 "$D/gpu_decode" 64 8 q4 45
   have gpu_batch && step gpu_batch 150 env "$D/gpu_batch"
   have gpu_batch && step gpu_batch.gemm_min4 150 env GLM53_GPU_GEMM_MIN=4 "$D/gpu_batch"
 fi

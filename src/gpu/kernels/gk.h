@@ -41,6 +41,15 @@ int gk_d2d(void *d, const void *s, size_t n);
 int gk_memset(void *d, int v, size_t n);
 int gk_sync(void);                  /* waits and reports any launch/async error */
 int gk_check(const char *what);     /* reports the last launch error */
+/* bench: per-operation GPU time (gk_kprof.cu). gk_kprof_begin() records an
+ * event at every gk_check from then on (decode graphs must be off);
+ * gk_kprof_stage() files the records since its last call under a stage;
+ * gk_kprof_end() prints the operations by time per step (reps steps) and
+ * stops. gk_kprof_mark is gk_check's hook. */
+int gk_kprof_begin(void);
+void gk_kprof_stage(const char *stage);
+void gk_kprof_end(const char *label, int reps);
+void gk_kprof_mark(const char *what);
 
 /* ---- linear algebra (gk_gemm.cu) ---- */
 /* Y[n][ldy] (first rows columns) = X[n][ldx] * W^T. Small n uses the
@@ -172,6 +181,10 @@ typedef struct {
  * and then updating its conv state (ls[layer].p[GK_ST_CONV]) */
 int gk_kda_conv(const float *raw, const gk_batch *b, const float *w, int T, int ch, int K, float *qkv);
 int gk_kda_prep(float *qkv, int T, int H, int hd, float qscale);          /* l2norm q,k (+ scale q) */
+/* gk_kda_conv then gk_kda_prep in one pass (same bits; ch = 3 * H * hd);
+ * one launch when no segment is longer than 4 tokens (decode), else two */
+int gk_kda_conv_prep(const float *raw, const gk_batch *b, const float *w, int T, int H, int hd, int K, float qscale,
+                     float *qkv);
 int gk_kda_gate(float *g, const float *dt_bias, const float *A_log, int T, int H, int hd, float lower_bound);
 /* state GK_ST_S: [H][dv][dk] (column-major per head); beta_logit [T][H];
  * o [T][H*dv]; each segment's tokens in order through its own state */

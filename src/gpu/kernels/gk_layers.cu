@@ -127,25 +127,70 @@ __device__ void sinkhorn_dev(float *L, int n, int iters, float eps) {
   }
 }
 
+/* One block per token. Every load of X is issued with several others in
+ * flight (float4, unrolled: a single block per token at decode is latency
+ * bound; H200, D = 4096: 27 -> 19 us per site, gk_kprof with launch gaps),
+ * the collapsed row y stays in registers between its sum of squares and
+ * its normalisation, and warp 0 runs the Sinkhorn (a latency chain of ~20 x
+ * 2 normalisations) while warps 1.. collapse and normalise. VEC: D % 4 == 0
+ * and 16-byte rows (else the same steps with scalar loads). */
+#define MHC_YK 8 /* float4 of y held in registers per thread */
+/* the pre-weighted sum of the hc streams at float4 column c; its squares
+ * are added to s2 in element order */
+__device__ __forceinline__ float4 mhc_collapse4(const float4 *X4, const float *pre, int hc, int D4, int c, float &s2) {
+  float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int s = 0; s < hc; s++) {
+    const float4 x = X4[(size_t)s * D4 + c];
+    const float p = pre[s];
+    a.x += p * x.x;
+    a.y += p * x.y;
+    a.z += p * x.z;
+    a.w += p * x.w;
+  }
+  s2 += a.x * a.x;
+  s2 += a.y * a.y;
+  s2 += a.z * a.z;
+  s2 += a.w * a.w;
+  return a;
+}
+template <bool VEC>
 __global__ void mhc_pre_k(const float *X, const float *mixraw, const float *base, const float *scale, const float *norm_w,
                           int hc, int D, int iters, float hc_eps, float rms_eps, float *post, float *comb, float *y) {
   GK_PDL_BEGIN();
   __shared__ float sh[32];
   __shared__ float pre[MAX_HC];
-  const int t = blockIdx.x, n = hc * D, mix = (2 + hc) * hc;
+  const int t = blockIdx.x, n = hc * D, mix = (2 + hc) * hc, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const float *Xt = X + (size_t)t * n;
+  const float4 *X4 = (const float4 *)Xt;
+  const float *mu = mixraw + (size_t)t * mix;
+  const int D4 = D / 4;
   float ss = 0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) ss += Xt[i] * Xt[i];
+  if (VEC) {
+#pragma unroll 8
+    for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
+      const float4 v = X4[i];
+      ss += v.x * v.x;
+      ss += v.y * v.y;
+      ss += v.z * v.z;
+      ss += v.w * v.w;
+    }
+  } else {
+#pragma unroll 8
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += Xt[i] * Xt[i];
+  }
   ss = block_sum(ss, sh);
-  if (hc * hc <= 32) { /* warp 0: lane (g, h) holds L[g][h]; the serial path's operations in its order */
-    if (threadIdx.x < 32) {
-      const int lane = threadIdx.x, nn = hc * hc, g = lane / hc, h = lane % hc;
-      const float r = 1.0f / sqrtf(ss / n + rms_eps);
-      const float *mu = mixraw + (size_t)t * mix;
-      if (lane < hc) {
-        pre[lane] = sigm(scale[0] * (mu[lane] * r) + base[lane]) + hc_eps;
-        post[t * hc + lane] = 2.0f * sigm(scale[1] * (mu[hc + lane] * r) + base[hc + lane]);
-      }
+  const float r = 1.0f / sqrtf(ss / n + rms_eps);
+  if (threadIdx.x < hc) {
+    pre[threadIdx.x] = sigm(scale[0] * (mu[threadIdx.x] * r) + base[threadIdx.x]) + hc_eps;
+    post[t * hc + threadIdx.x] = 2.0f * sigm(scale[1] * (mu[hc + threadIdx.x] * r) + base[hc + threadIdx.x]);
+  }
+  __syncthreads();
+  const int nth = blockDim.x - 32, tid = threadIdx.x - 32;
+  float *yt = y + (size_t)t * D;
+  float4 yr[MHC_YK];
+  if (w == 0) {
+    if (hc * hc <= 32) { /* lane (g, h) holds L[g][h]; the serial path's operations in its order */
+      const int nn = hc * hc, g = lane / hc, h = lane % hc;
       float v = lane < nn ? scale[2] * (mu[2 * hc + lane] * r) + base[2 * hc + lane] : 0.f;
       float mx = __shfl_sync(0xffffffffu, v, g * hc);
       for (int j = 1; j < hc; j++) mx = fmaxf(mx, __shfl_sync(0xffffffffu, v, g * hc + j));
@@ -164,35 +209,74 @@ __global__ void mhc_pre_k(const float *X, const float *mixraw, const float *base
         v /= s + hc_eps;
       }
       if (lane < nn) comb[(size_t)t * nn + lane] = v;
+    } else if (lane == 0) { /* one thread: hc above 5 */
+      float L[MAX_HC * MAX_HC];
+      for (int k = 0; k < hc * hc; k++) L[k] = scale[2] * (mu[2 * hc + k] * r) + base[2 * hc + k];
+      sinkhorn_dev(L, hc, iters, hc_eps);
+      for (int k = 0; k < hc * hc; k++) comb[(size_t)t * hc * hc + k] = L[k];
     }
-  } else if (threadIdx.x == 0) { /* one thread: hc above 5 */
-    float r = 1.0f / sqrtf(ss / n + rms_eps);
-    const float *mu = mixraw + (size_t)t * mix;
-    for (int s = 0; s < hc; s++) {
-      pre[s] = sigm(scale[0] * (mu[s] * r) + base[s]) + hc_eps;
-      post[t * hc + s] = 2.0f * sigm(scale[1] * (mu[hc + s] * r) + base[hc + s]);
+  } else if (VEC) {
+    float s2 = 0;
+#pragma unroll
+    for (int k = 0; k < MHC_YK; k++) {
+      const int c = tid + k * nth;
+      if (c < D4) {
+        yr[k] = mhc_collapse4(X4, pre, hc, D4, c, s2);
+      }
     }
-    float L[MAX_HC * MAX_HC];
-    for (int k = 0; k < hc * hc; k++) L[k] = scale[2] * (mu[2 * hc + k] * r) + base[2 * hc + k];
-    sinkhorn_dev(L, hc, iters, hc_eps);
-    for (int k = 0; k < hc * hc; k++) comb[(size_t)t * hc * hc + k] = L[k];
+    for (int c = tid + MHC_YK * nth; c < D4; c += nth) { /* past the registers: y holds the sums */
+      ((float4 *)yt)[c] = mhc_collapse4(X4, pre, hc, D4, c, s2);
+    }
+    s2 = warp_sum(s2);
+    if (lane == 0) sh[w] = s2;
+  } else {
+    float s2 = 0;
+    for (int d = tid; d < D; d += nth) {
+      float a = 0;
+      for (int s = 0; s < hc; s++) a += pre[s] * Xt[(size_t)s * D + d];
+      yt[d] = a;
+      s2 += a * a;
+    }
+    s2 = warp_sum(s2);
+    if (lane == 0) sh[w] = s2;
   }
+  /* the y warps meet (named barrier 1 without warp 0; HIP: all threads) */
+#if GK_HIP
   __syncthreads();
-  float *yt = y + (size_t)t * D, s2 = 0;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float a = 0;
-    for (int s = 0; s < hc; s++) a += pre[s] * Xt[(size_t)s * D + d];
-    yt[d] = a;
-    s2 += a * a;
+#else
+  if (w) asm volatile("bar.sync 1, %0;" ::"r"((int)blockDim.x - 32) : "memory");
+#endif
+  if (w) {
+    float s2 = 0;
+    for (int i = 1; i < (int)(blockDim.x >> 5); i++) s2 += sh[i];
+    const float r2 = 1.0f / sqrtf(s2 / D + rms_eps);
+    if (VEC) {
+      const float4 *nw4 = (const float4 *)norm_w;
+#pragma unroll
+      for (int k = 0; k < MHC_YK; k++) {
+        const int c = tid + k * nth;
+        if (c < D4) {
+          const float4 g = nw4[c], a = yr[k];
+          ((float4 *)yt)[c] = make_float4(g.x * (a.x * r2), g.y * (a.y * r2), g.z * (a.z * r2), g.w * (a.w * r2));
+        }
+      }
+      for (int c = tid + MHC_YK * nth; c < D4; c += nth) {
+        const float4 g = nw4[c], a = ((const float4 *)yt)[c];
+        ((float4 *)yt)[c] = make_float4(g.x * (a.x * r2), g.y * (a.y * r2), g.z * (a.z * r2), g.w * (a.w * r2));
+      }
+    } else {
+      for (int d = tid; d < D; d += nth) yt[d] = norm_w[d] * (yt[d] * r2);
+    }
   }
-  s2 = block_sum(s2, sh);
-  float r2 = 1.0f / sqrtf(s2 / D + rms_eps);
-  for (int d = threadIdx.x; d < D; d += blockDim.x) yt[d] = norm_w[d] * (yt[d] * r2);
 }
 extern "C" int gk_mhc_pre(const float *X, const float *mixraw, const float *base, const float *scale, const float *norm_w,
                           int T, int hc, int D, int iters, float hc_eps, float rms_eps, float *post, float *comb, float *y) {
   if (hc > MAX_HC) return gk_fail("mhc: hc_mult %d above %d", hc, MAX_HC);
-  gk_launch(mhc_pre_k, T, 256, 0, X, mixraw, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post, comb, y);
+  const bool vec = D % 4 == 0 && (uintptr_t)X % 16 == 0 && (uintptr_t)y % 16 == 0 && (uintptr_t)norm_w % 16 == 0;
+  if (vec)
+    gk_launch(mhc_pre_k<true>, T, 256, 0, X, mixraw, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post, comb, y);
+  else
+    gk_launch(mhc_pre_k<false>, T, 256, 0, X, mixraw, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post, comb, y);
   return GK_LAUNCHED("mhc_pre");
 }
 
@@ -324,6 +408,96 @@ extern "C" int gk_kda_prep(float *qkv, int T, int H, int hd, float qscale) {
   return GK_LAUNCHED("kda_prep");
 }
 
+#define KDA_MAXM 8 /* head dim <= 256 */
+/* gk_kda_conv + gk_kda_prep in one pass, the same per-element arithmetic
+ * (same bits): one warp per (token, slot), slot = which * H + h with which
+ * 0 q, 1 k, 2 v; the lanes hold the head's conv outputs, so the l2norm of q
+ * and k needs no reread. SEQ (segments of a few tokens: decode): one warp
+ * per (segment, slot) over the segment's tokens, which then writes the new
+ * conv state of its channels (each lane owns its channels; their old rows
+ * are read before they are overwritten), so decode needs no second
+ * launch. */
+template <bool SEQ>
+__global__ void kda_conv_prep_k(const float *raw, gk_batch b, const float *w, int T, int H, int hd, int K, float qscale,
+                                float *qkv) {
+  GK_PDL_BEGIN();
+  const int lane = threadIdx.x & 31, inner = H * hd, ch = 3 * inner;
+  const long wid = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int slot = (int)(SEQ ? wid : wid % (3 * H));
+  if (slot >= 3 * H) return;
+  const int which = slot / H, h = slot % H, c0 = which * inner + h * hd;
+  int sg, ta, tb;
+  if (SEQ) {
+    sg = blockIdx.y;
+    ta = b.seg[sg].t0;
+    tb = ta + b.seg[sg].len;
+  } else {
+    ta = (int)(wid / (3 * H));
+    if (ta >= T) return;
+    tb = ta + 1;
+    sg = b.tseg[ta];
+  }
+  const int t0 = b.seg[sg].t0;
+  float *st = b.seg[sg].ls[b.layer].p[GK_ST_CONV];
+  for (int t = ta; t < tb; t++) {
+    float v[KDA_MAXM], ss = 0;
+#pragma unroll
+    for (int m = 0; m < KDA_MAXM; m++) {
+      const int i = lane + 32 * m, j = c0 + i;
+      v[m] = 0.f;
+      if (i >= hd) continue;
+      float acc = 0;
+      for (int tau = 0; tau < K; tau++) {
+        int src = t - t0 - (K - 1) + tau; /* within the segment */
+        float x = src >= 0 ? raw[(size_t)(t0 + src) * ch + j] : st[(size_t)(K - 1 + src) * ch + j];
+        acc += w[(size_t)j * K + tau] * x;
+      }
+      v[m] = acc / (1.0f + expf(-acc));
+      ss += v[m] * v[m];
+    }
+    float *out = qkv + (size_t)t * ch + c0;
+    if (which < 2) {
+      ss = warp_sum(ss);
+      const float r = 1.0f / sqrtf(ss + 1e-6f);
+#pragma unroll
+      for (int m = 0; m < KDA_MAXM; m++) {
+        const int i = lane + 32 * m;
+        if (i < hd) out[i] = which == 0 ? (v[m] * r) * qscale : v[m] * r;
+      }
+    } else {
+#pragma unroll
+      for (int m = 0; m < KDA_MAXM; m++)
+        if (lane + 32 * m < hd) out[lane + 32 * m] = v[m];
+    }
+  }
+  if (SEQ) { /* kda_conv_state_k for this slot's channels */
+    const int len = tb - ta;
+    for (int i = lane; i < hd; i += 32) {
+      const int j = c0 + i;
+      for (int s = 0; s < K - 1; s++) {
+        int src = len - (K - 1) + s;
+        st[(size_t)s * ch + j] = src >= 0 ? raw[(size_t)(ta + src) * ch + j] : st[(size_t)(K - 1 + src) * ch + j];
+      }
+    }
+  }
+}
+/* segments up to this long take the SEQ form */
+#define KDA_SEQ_MAX 4
+extern "C" int gk_kda_conv_prep(const float *raw, const gk_batch *b, const float *w, int T, int H, int hd, int K,
+                                float qscale, float *qkv) {
+  if (hd > 32 * KDA_MAXM) return gk_fail("kda: head dim %d above %d", hd, 32 * KDA_MAXM);
+  if (batch_ok(b, "kda_conv_prep")) return -1;
+  const int slots = 3 * H;
+  if (b->maxlen <= KDA_SEQ_MAX) {
+    gk_launch(kda_conv_prep_k<true>, dim3(gk_blocks((size_t)slots * 32, 256), b->nseg), 256, 0, raw, *b, w, T, H, hd, K,
+              qscale, qkv);
+  } else {
+    gk_launch(kda_conv_prep_k<false>, gk_blocks((size_t)T * slots * 32, 256), 256, 0, raw, *b, w, T, H, hd, K, qscale, qkv);
+    gk_launch(kda_conv_state_k, dim3(gk_blocks(3 * H * hd, 256), b->nseg), 256, 0, raw, *b, 3 * H * hd, K);
+  }
+  return GK_LAUNCHED("kda_conv_prep");
+}
+
 /* forget gate of channel c (head h) from its raw projection */
 __device__ __forceinline__ float kda_gate1(float graw, const float *dt_bias, const float *A_log, int h, int c, float lb) {
   float rate = expf(A_log[h]), x = graw + dt_bias[c];
@@ -355,7 +529,6 @@ extern "C" int gk_kda_gate(float *g, const float *dt_bias, const float *A_log, i
  * block barrier per token. State layout [H][dv][dk] keeps the lanes' loads
  * contiguous. grid (H, ceil(hd / 32), nseg). Every token's arithmetic is
  * the same whatever the tiling, so decode and prefill agree bitwise. */
-#define KDA_MAXM 8 /* head dim <= 256 */
 #define KR_CPW 8
 #define KR_WARPS 4
 #define KR_COLS (KR_CPW * KR_WARPS)
@@ -650,39 +823,54 @@ extern "C" int gk_pool_keys(const gk_batch *b, const float *ape, int P, int hd) 
   return GK_LAUNCHED("pool_keys");
 }
 
-/* grid (T, ceil(maxpool/64)); a warp scores 8 pools; only queries that see
- * more than K complete pools need scores */
+/* grid (T, ceil(maxpool / ppb)); a warp scores ppb / 8 pools; only
+ * queries that see more than K complete pools need scores. Lane h owns
+ * head h (and h + 32, ...): its dot product with the pool key runs down
+ * the head dim from shared memory (q rows padded to hd + 1 floats: no bank
+ * conflicts; the key staged per warp, read as a broadcast), so a pool
+ * costs one warp reduction instead of one per head. ppb: 64 at prefill (q
+ * staged once for 64 pools), 8 at decode (more blocks). */
 __global__ void idx_scores_k(const float *q, const float *w, gk_batch b, int P, int nh, int hd, int K, int maxpool,
-                             float *score) {
+                             int ppb, float *score) {
   GK_PDL_BEGIN();
-  extern __shared__ float qsh[]; /* nh*hd */
+  extern __shared__ float qsh[]; /* q [nh][hd + 1], then a key [hd] per warp */
   int sg;
   const int t = blockIdx.x, n = (bpos(b, t, &sg) + 1) / P;
   const float *pool = bst(b, sg, GK_ST_POOL);
-  if (n <= K || blockIdx.y * 64 >= n) return;
-  for (int i = threadIdx.x; i < nh * hd; i += blockDim.x) qsh[i] = q[(size_t)t * nh * hd + i];
+  if (n <= K || blockIdx.y * ppb >= n) return;
+  const int ld = hd + 1;
+  for (int i = threadIdx.x; i < nh * hd; i += blockDim.x) qsh[(i / hd) * ld + i % hd] = q[(size_t)t * nh * hd + i];
+  const int wq = threadIdx.x >> 5, lane = threadIdx.x & 31, per = ppb / 8;
+  float *ksh = qsh + (size_t)nh * ld + (size_t)wq * hd;
   __syncthreads();
-  const int wq = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const float s = 1.0f / sqrtf((float)hd), ws = 1.0f / sqrtf((float)nh);
-  for (int it = 0; it < 8; it++) {
-    int p = blockIdx.y * 64 + wq * 8 + it;
+  for (int it = 0; it < per; it++) {
+    const int p = blockIdx.y * ppb + wq * per + it;
     if (p >= n) break;
     const float *key = pool + (size_t)p * hd;
+    for (int i = lane; i < hd; i += 32) ksh[i] = key[i];
+    __syncwarp();
     float acc = 0;
-    for (int h = 0; h < nh; h++) {
+    for (int h = lane; h < nh; h += 32) {
+      const float *qh = qsh + (size_t)h * ld;
       float d = 0;
-      for (int i = lane; i < hd; i += 32) d += qsh[h * hd + i] * key[i];
-      d = warp_sum(d) * s;
+      for (int i = 0; i < hd; i++) d += qh[i] * ksh[i];
+      d *= s;
       if (d > 0) acc += (w[(size_t)t * nh + h] * ws) * d;
     }
+    acc = warp_sum(acc);
     if (lane == 0) score[(size_t)t * maxpool + p] = acc;
+    __syncwarp(); /* ksh is rewritten for the next pool */
   }
 }
 extern "C" int gk_indexer_scores(const float *q, const float *w, const gk_batch *b, int T, int P, int nh, int hd, int K,
                                  int maxpool, float *score) {
   if (batch_ok(b, "indexer_scores")) return -1;
-  dim3 grid(T, gk_blocks(maxpool, 64));
-  gk_launch(idx_scores_k, grid, 256, (size_t)nh * hd * sizeof(float), q, w, *b, P, nh, hd, K, maxpool, score);
+  const size_t sm = ((size_t)nh * (hd + 1) + 8 * (size_t)hd) * sizeof(float);
+  if (sm > 48 * 1024) return gk_fail("indexer: %d heads x %d need %zu bytes of shared memory", nh, hd, sm);
+  const int ppb = T >= 64 ? 64 : 8;
+  dim3 grid(T, gk_blocks(maxpool, ppb));
+  gk_launch(idx_scores_k, grid, 256, sm, q, w, *b, P, nh, hd, K, maxpool, ppb, score);
   return GK_LAUNCHED("indexer_scores");
 }
 
@@ -691,17 +879,48 @@ __device__ __forceinline__ bool pool_before(float a, int ia, float b, int ib) {
   if (isnan(b)) b = -INFINITY;
   return a != b ? a > b : ia < ib;
 }
-/* top-K by rank: pool p's rank is the number of pools ordered before it
- * (score desc, index asc); the K lowest ranks are written at their rank, the
- * order topk_pools produces */
-__global__ void select_k(const float *score, gk_batch b, int P, int K, int maxpool, int always_tail, int *dense,
+/* top-K pools in the order topk_pools produces (score desc, index asc;
+ * NaN as -inf). Up to `cap` pools (a power of two, the launch's shared
+ * memory) a bitonic sort of (score, index) in shared memory (log^2
+ * stages); beyond, rank by counting: pool p's rank is the number of pools
+ * ordered before it (O(n^2), the former path at every length). H200, 1024
+ * pools, one decode token: 58 vs 126 us (gk_kprof, so with launch gaps). Both give the same K pools in the same
+ * order: the order is total. */
+__global__ void select_k(const float *score, gk_batch b, int P, int K, int maxpool, int always_tail, int cap, int *dense,
                          int *npools, int *tail, int *pools) {
   GK_PDL_BEGIN();
+  extern __shared__ float sel_sh[]; /* scores[cap], then indices[cap] */
   const int t = blockIdx.x, pos = bpos(b, t, NULL), n = (pos + 1) / P;
   int *pl = pools + (size_t)t * K;
   const float *sc = score + (size_t)t * maxpool;
+  int n2 = 1;
+  while (n2 < n) n2 <<= 1;
   if (n <= K) {
     for (int p = threadIdx.x; p < n; p += blockDim.x) pl[p] = p;
+  } else if (n2 <= cap) {
+    float *ss = sel_sh;
+    int *si = (int *)(sel_sh + cap);
+    for (int i = threadIdx.x; i < n2; i += blockDim.x) {
+      ss[i] = i < n ? sc[i] : -INFINITY; /* padding sorts after every pool: -inf, larger index */
+      si[i] = i;
+    }
+    __syncthreads();
+    for (int k = 2; k <= n2; k <<= 1)
+      for (int j = k >> 1; j > 0; j >>= 1) {
+        for (int i = threadIdx.x; i < n2; i += blockDim.x) {
+          const int l = i ^ j;
+          if (l <= i) continue;
+          const float a = ss[i], c = ss[l];
+          const int ia = si[i], ic = si[l];
+          /* ascending in "ordered before" within blocks of k with (i & k) == 0, descending otherwise */
+          if ((i & k) == 0 ? pool_before(c, ic, a, ia) : pool_before(a, ia, c, ic)) {
+            ss[i] = c; ss[l] = a;
+            si[i] = ic; si[l] = ia;
+          }
+        }
+        __syncthreads();
+      }
+    for (int r = threadIdx.x; r < K; r += blockDim.x) pl[r] = si[r];
   } else {
     for (int p = threadIdx.x; p < n; p += blockDim.x) {
       float v = sc[p];
@@ -716,10 +935,16 @@ __global__ void select_k(const float *score, gk_batch b, int P, int K, int maxpo
     tail[t] = always_tail ? n * P : pos + 1;
   }
 }
+#define SEL_SORT_MAX 4096 /* pools sorted in shared memory: 32 KB */
 extern "C" int gk_select(const float *score, const gk_batch *b, int T, int P, int K, int maxpool, int always_tail, int *dense,
                          int *npools, int *tail, int *pools) {
   if (batch_ok(b, "select")) return -1;
-  gk_launch(select_k, T, 256, 0, score, *b, P, K, maxpool, always_tail, dense, npools, tail, pools);
+  int cap = 0; /* no sort buffer while no token can see more than K pools */
+  if (maxpool > K) {
+    cap = 1;
+    while (cap < maxpool && cap < SEL_SORT_MAX) cap <<= 1;
+  }
+  gk_launch(select_k, T, 256, (size_t)cap * 8, score, *b, P, K, maxpool, always_tail, cap, dense, npools, tail, pools);
   return GK_LAUNCHED("select");
 }
 
