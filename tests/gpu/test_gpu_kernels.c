@@ -194,10 +194,17 @@ static void experts_case(int fmt, int group, int sbf16, int rows, int cols, int 
 }
 
 /* ---- fused launches: each bitwise equal to the unfused kernels ---- */
+/* a device copy of n host bytes */
+static void *dcopy(const void *h, size_t n) {
+  void *d = gk_malloc(n);
+  if (d) gk_h2d(d, h, n);
+  return d;
+}
+/* n uniform values in [lo, hi] on the device (and on the host if asked) */
 static float *dvec(size_t n, float lo, float hi, float **host) {
-  float *h = xmalloc(n * 4), *d = gk_malloc(n * 4);
+  float *h = xmalloc(n * 4);
   for (size_t i = 0; i < n; i++) h[i] = lo + (hi - lo) * 0.5f * (rf() + 1.0f);
-  gk_h2d(d, h, n * 4);
+  float *d = dcopy(h, n * 4);
   if (host) *host = h;
   else free(h);
   return d;
@@ -279,8 +286,7 @@ static void grouped_case(int fmt, int group, int I, int D) {
       tmat_new(&m[e * 3 + w], fmt, w == 2 ? D : I, w == 2 ? I : D, group, e & 1, 0);
       h[e * 3 + w] = m[e * 3 + w].g;
     }
-  gpu_mat *dset = gk_malloc(sizeof h);
-  gk_h2d(dset, h, sizeof h);
+  gpu_mat *dset = dcopy(h, sizeof h);
   const int PM = TMAX * K;
   float *dx = dvec((size_t)TMAX * D, -1, 1, NULL);
   float *g1 = gk_malloc((size_t)PM * I * 4), *u1 = gk_malloc((size_t)PM * I * 4), *g2 = gk_malloc((size_t)PM * I * 4);
@@ -321,20 +327,17 @@ static void kda_gated_case(float lb, int T) {
   float *hs = NULL;
   float *qkv = dvec((size_t)T * ch, -0.3f, 0.3f, NULL), *graw = dvec((size_t)T * inner, -3, 3, NULL);
   float *dtb = dvec(inner, -0.5f, 0.5f, NULL), *Al = dvec(H, -0.5f, 0.5f, NULL), *bl = dvec((size_t)T * H, -2, 2, NULL);
-  float *S1 = dvec((size_t)H * hd * hd, -0.2f, 0.2f, &hs), *S2 = gk_malloc((size_t)H * hd * hd * 4);
+  float *S1 = dvec((size_t)H * hd * hd, -0.2f, 0.2f, &hs), *S2 = dcopy(hs, (size_t)H * hd * hd * 4);
   float *g = gk_malloc((size_t)T * inner * 4), *o1 = gk_malloc((size_t)T * inner * 4), *o2 = gk_malloc((size_t)T * inner * 4);
-  gk_h2d(S2, hs, (size_t)H * hd * hd * 4);
   gk_d2d(g, graw, (size_t)T * inner * 4);
   gk_lstate ls[2];
   memset(ls, 0, sizeof ls);
   ls[0].p[GK_ST_S] = S1;
   ls[1].p[GK_ST_S] = S2;
-  gk_lstate *dls = gk_malloc(sizeof ls);
-  gk_h2d(dls, ls, sizeof ls);
+  gk_lstate *dls = dcopy(ls, sizeof ls);
   gk_seg seg[2] = {{.ls = dls, .t0 = 0, .len = T, .pos0 = 5}, {.ls = dls + 1, .t0 = 0, .len = T, .pos0 = 5}};
-  gk_seg *dseg = gk_malloc(sizeof seg);
+  gk_seg *dseg = dcopy(seg, sizeof seg);
   int *tseg = gk_malloc((size_t)T * 4);
-  gk_h2d(dseg, seg, sizeof seg);
   gk_memset(tseg, 0, (size_t)T * 4);
   gk_batch b1 = {.seg = dseg, .tseg = tseg, .nseg = 1, .maxlen = T}, b2 = b1;
   b2.seg = dseg + 1;
@@ -368,13 +371,11 @@ static void select_case(int n, int K) {
     const int v = (int)(rnd() % 8);
     sc[i] = v == 7 ? NAN : (float)(v - 3);
   }
-  float *dsc = gk_malloc((size_t)T * maxpool * 4);
-  gk_h2d(dsc, sc, (size_t)T * maxpool * 4);
+  float *dsc = dcopy(sc, (size_t)T * maxpool * 4);
   gk_seg seg = {.ls = NULL, .t0 = 0, .len = T, .pos0 = P * n - 1}; /* both tokens see n complete pools */
-  gk_seg *dseg = gk_malloc(sizeof seg);
+  gk_seg *dseg = dcopy(&seg, sizeof seg);
   int *tseg = gk_malloc((size_t)T * 4), *dden = gk_malloc(T * 4), *dnp = gk_malloc(T * 4), *dtail = gk_malloc(T * 4);
   int *dpl = gk_malloc((size_t)T * K * 4);
-  gk_h2d(dseg, &seg, sizeof seg);
   gk_memset(tseg, 0, (size_t)T * 4);
   gk_batch b = {.seg = dseg, .tseg = tseg, .nseg = 1, .maxlen = T};
   int *got = xmalloc((size_t)T * K * 4), *ord = xmalloc((size_t)n * 4), np[2] = {0, 0};
@@ -437,16 +438,14 @@ static void kda_conv_prep_case(int nseg, int len, int H, int hd) {
   const int K = 4, inner = H * hd, ch = 3 * inner, T = nseg * len;
   float *hs = NULL;
   float *raw = dvec((size_t)T * ch, -2, 2, NULL), *w = dvec((size_t)ch * K, -0.5f, 0.5f, NULL);
-  float *st1 = dvec((size_t)nseg * (K - 1) * ch, -1, 1, &hs), *st2 = gk_malloc((size_t)nseg * (K - 1) * ch * 4);
+  float *st1 = dvec((size_t)nseg * (K - 1) * ch, -1, 1, &hs), *st2 = dcopy(hs, (size_t)nseg * (K - 1) * ch * 4);
   float *o1 = gk_malloc((size_t)T * ch * 4), *o2 = gk_malloc((size_t)T * ch * 4);
-  gk_h2d(st2, hs, (size_t)nseg * (K - 1) * ch * 4);
   gk_lstate *ls = xcalloc((size_t)2 * nseg, sizeof *ls);
   for (int q = 0; q < nseg; q++) {
     ls[q].p[GK_ST_CONV] = st1 + (size_t)q * (K - 1) * ch;
     ls[nseg + q].p[GK_ST_CONV] = st2 + (size_t)q * (K - 1) * ch;
   }
-  gk_lstate *dls = gk_malloc((size_t)2 * nseg * sizeof *ls);
-  gk_h2d(dls, ls, (size_t)2 * nseg * sizeof *ls);
+  gk_lstate *dls = dcopy(ls, (size_t)2 * nseg * sizeof *ls);
   gk_seg *seg = xcalloc((size_t)2 * nseg, sizeof *seg);
   int *ts = xmalloc((size_t)T * sizeof(int));
   for (int q = 0; q < nseg; q++) {
@@ -454,10 +453,8 @@ static void kda_conv_prep_case(int nseg, int len, int H, int hd) {
     seg[nseg + q] = (gk_seg){.ls = dls + nseg + q, .t0 = q * len, .len = len, .pos0 = 7};
     for (int t = 0; t < len; t++) ts[q * len + t] = q;
   }
-  gk_seg *dseg = gk_malloc((size_t)2 * nseg * sizeof *seg);
-  int *tseg = gk_malloc((size_t)T * sizeof(int));
-  gk_h2d(dseg, seg, (size_t)2 * nseg * sizeof *seg);
-  gk_h2d(tseg, ts, (size_t)T * sizeof(int));
+  gk_seg *dseg = dcopy(seg, (size_t)2 * nseg * sizeof *seg);
+  int *tseg = dcopy(ts, (size_t)T * sizeof(int));
   gk_batch b1 = {.seg = dseg, .tseg = tseg, .nseg = nseg, .maxlen = len}, b2 = b1;
   b2.seg = dseg + nseg;
   const float qs = 0.125f;
@@ -492,8 +489,7 @@ static void kda_tiles_case(int T1, int T2, int H, int hd) {
   ls[1].p[GK_ST_S] = S + ns;
   ls[2].p[GK_ST_S] = S1; /* token by token */
   ls[3].p[GK_ST_S] = S1 + ns;
-  gk_lstate *dls = gk_malloc(sizeof ls);
-  gk_h2d(dls, ls, sizeof ls);
+  gk_lstate *dls = dcopy(ls, sizeof ls);
   const int nseg = 2 + 2 * Tm;
   gk_seg *seg = xmalloc((size_t)nseg * sizeof *seg);
   seg[0] = (gk_seg){.ls = dls, .t0 = 0, .len = T1};
@@ -502,8 +498,7 @@ static void kda_tiles_case(int T1, int T2, int H, int hd) {
     seg[2 + 2 * u] = (gk_seg){.ls = dls + 2, .t0 = u < T1 ? u : 0, .len = u < T1};
     seg[3 + 2 * u] = (gk_seg){.ls = dls + 3, .t0 = T1 + (u < T2 ? u : 0), .len = u < T2};
   }
-  gk_seg *dseg = gk_malloc((size_t)nseg * sizeof *seg);
-  gk_h2d(dseg, seg, (size_t)nseg * sizeof *seg);
+  gk_seg *dseg = dcopy(seg, (size_t)nseg * sizeof *seg);
   int *tseg = gk_malloc((size_t)R * 4);
   gk_memset(tseg, 0, (size_t)R * 4);
   gk_batch b = {.seg = dseg, .tseg = tseg, .nseg = 2, .maxlen = Tm};
@@ -556,8 +551,7 @@ static void mhc_post_moe_case(void) {
   float *eo = dvec((size_t)T * K * D, -1, 1, NULL), *wt = dvec((size_t)T * K, 0, 1, NULL);
   float *post = dvec((size_t)T * hc, 0, 2, NULL), *comb = dvec((size_t)T * hc * hc, 0, 1, NULL);
   const int idx[5 * 4] = {7, 2, 9, 0, -1, 3, 1, -1, 5, 4, 6, 8, -1, -1, -1, -1, 11, 10, 2, 12};
-  int *didx = gk_malloc(sizeof idx);
-  gk_h2d(didx, idx, sizeof idx);
+  int *didx = dcopy(idx, sizeof idx);
   gk_h2d(X2, hX, (size_t)T * hc * D * 4);
   gk_d2d(a2, a1, (size_t)T * D * 4);
   int rc = gk_moe_combine(a1, eo, didx, wt, T, K, D) || gk_mhc_post(X1, a1, post, comb, T, hc, D) ||

@@ -46,7 +46,7 @@ int gk_fail(const char *fmt, ...);
 /* wait for the previous kernel, then let the next one be scheduled */
 #define GK_PDL_BEGIN() do { GK_PDL_WAIT(); GK_PDL_LAUNCH(); } while (0)
 int gk_pdl_on(void);
-void gk_launch_failed(cudaError_t e, const char *what);
+void gk_launch_failed(cudaError_t e); /* kept for the next gk_check */
 #if !GK_HIP
 template <typename... KArgs, typename... Args>
 static inline void gk_launch(void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, Args... args) {
@@ -61,7 +61,7 @@ static inline void gk_launch(void (*k)(KArgs...), dim3 grid, dim3 block, size_t 
   cfg.attrs = at;
   cfg.numAttrs = gk_pdl_on() ? 1 : 0;
   cudaError_t e = cudaLaunchKernelEx(&cfg, k, args...);
-  if (e != cudaSuccess) gk_launch_failed(e, "kernel launch");
+  if (e != cudaSuccess) gk_launch_failed(e);
 }
 #else
 template <typename... KArgs, typename... Args>

@@ -72,8 +72,7 @@ extern "C" int gk_d2d(void *d, const void *s, size_t n) { GK_TRY(cudaMemcpy(d, s
 extern "C" int gk_memset(void *d, int v, size_t n) { GK_TRY(cudaMemset(d, v, n)); return 0; }
 extern "C" int gk_sync(void) { GK_TRY(cudaDeviceSynchronize()); GK_TRY(cudaGetLastError()); return 0; }
 static cudaError_t g_launch_err = cudaSuccess; /* first failed gk_launch since the last check */
-void gk_launch_failed(cudaError_t e, const char *what) {
-  (void)what;
+void gk_launch_failed(cudaError_t e) {
   if (g_launch_err == cudaSuccess) g_launch_err = e;
 }
 extern "C" int gk_check(const char *what) {
@@ -568,10 +567,20 @@ static int gemm(const gpu_mat *W, const float *x, int n, int ldx, float *y, int 
 
 #endif
 
+/* cuBLAS for chunks of at least gk_gemm_min() tokens, where built with it */
+static int use_blas(int n) {
+#if GK_HAVE_BLAS
+  return n >= gk_gemm_min();
+#else
+  (void)n;
+  return 0;
+#endif
+}
+
 extern "C" int gk_matmul(const gpu_mat *W, const float *x, int n, int ldx, float *y, int ldy) {
   if (n <= 0) return 0;
 #if GK_HAVE_BLAS
-  if (n >= gk_gemm_min()) return gemm(W, x, n, ldx, y, ldy);
+  if (use_blas(n)) return gemm(W, x, n, ldx, y, ldy);
 #endif
   return gemv(W, x, n, ldx, y, ldy);
 }
@@ -579,12 +588,7 @@ extern "C" int gk_matmul(const gpu_mat *W, const float *x, int n, int ldx, float
 
 extern "C" int gk_matmul_multi(const gk_prod *p, int np, const float *x, int n, int ldx) {
   if (n <= 0 || np <= 0) return 0;
-#if GK_HAVE_BLAS
-  const int blas = n >= gk_gemm_min();
-#else
-  const int blas = 0;
-#endif
-  if (blas || gemv_ver() < 3 || np > 16) {
+  if (use_blas(n) || gemv_ver() < 3 || np > 16) {
     for (int i = 0; i < np; i++) {
       const float *xi = p[i].x ? p[i].x : x;
       const int li = p[i].x ? p[i].ldx : ldx;
@@ -606,12 +610,7 @@ extern "C" int gk_gate_up(const gpu_mat *Wg, const gpu_mat *Wu, const float *x, 
                           float limit) {
   if (n <= 0) return 0;
   const int I = Wg->rows;
-#if GK_HAVE_BLAS
-  const int blas = n >= gk_gemm_min();
-#else
-  const int blas = 0;
-#endif
-  if (blas || gemv_ver() < 3) {
+  if (use_blas(n) || gemv_ver() < 3) {
     if (gk_matmul(Wg, x, n, ldx, g, I) || gk_matmul(Wu, x, n, ldx, u, I)) return -1;
     return gk_swiglu(g, u, (size_t)n * I, limit);
   }

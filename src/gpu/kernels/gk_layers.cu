@@ -351,34 +351,41 @@ extern "C" int gk_final_norm(const float *X, const float *w, int first, int T, i
 }
 
 /* ---- KDA (kda.c kda_forward / kda_step) ---- */
-__global__ void kda_conv_k(const float *raw, gk_batch b, const float *w, int T, int ch, int K, float *qkv) {
-  GK_PDL_BEGIN();
-  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-  if (i >= (size_t)T * ch) return;
-  int t = (int)(i / ch), j = (int)(i % ch), sg = b.tseg[t], t0 = b.seg[sg].t0;
-  const float *st = bst(b, sg, GK_ST_CONV);
+/* causal conv + SiLU of channel j at token t of the segment whose first
+ * token is t0 (rows before it come from the conv state st) */
+__device__ __forceinline__ float kda_conv1(const float *raw, const float *st, const float *w, int t, int t0, int j, int ch,
+                                           int K) {
   float acc = 0;
   for (int tau = 0; tau < K; tau++) {
     int src = t - t0 - (K - 1) + tau; /* within the segment */
     float x = src >= 0 ? raw[(size_t)(t0 + src) * ch + j] : st[(size_t)(K - 1 + src) * ch + j];
     acc += w[(size_t)j * K + tau] * x;
   }
-  qkv[i] = acc / (1.0f + expf(-acc));
+  return acc / (1.0f + expf(-acc));
 }
-/* new state = last K-1 rows of [state | raw]; one thread per channel, rows in
- * ascending order so a shift within the state reads before it writes */
-__global__ void kda_conv_state_k(const float *raw0, gk_batch b, int ch, int K) {
+/* channel j's new state after a segment of len tokens from row t0 = the
+ * last K-1 rows of [state | raw], in ascending order so that a shift within
+ * the state reads before it writes */
+__device__ __forceinline__ void kda_conv_shift1(const float *raw, float *st, int t0, int len, int j, int ch, int K) {
+  for (int s = 0; s < K - 1; s++) {
+    int src = len - (K - 1) + s;
+    st[(size_t)s * ch + j] = src >= 0 ? raw[(size_t)(t0 + src) * ch + j] : st[(size_t)(K - 1 + src) * ch + j];
+  }
+}
+__global__ void kda_conv_k(const float *raw, gk_batch b, const float *w, int T, int ch, int K, float *qkv) {
+  GK_PDL_BEGIN();
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i >= (size_t)T * ch) return;
+  int t = (int)(i / ch), j = (int)(i % ch), sg = b.tseg[t];
+  qkv[i] = kda_conv1(raw, bst(b, sg, GK_ST_CONV), w, t, b.seg[sg].t0, j, ch, K);
+}
+/* the new conv states: one thread per (channel, segment) */
+__global__ void kda_conv_state_k(const float *raw, gk_batch b, int ch, int K) {
   GK_PDL_BEGIN();
   int j = blockIdx.x * blockDim.x + threadIdx.x;
   if (j >= ch) return;
   const gk_seg sg = b.seg[blockIdx.y];
-  const int T = sg.len;
-  const float *raw = raw0 + (size_t)sg.t0 * ch;
-  float *st = sg.ls[b.layer].p[GK_ST_CONV];
-  for (int s = 0; s < K - 1; s++) {
-    int src = T - (K - 1) + s;
-    st[(size_t)s * ch + j] = src >= 0 ? raw[(size_t)src * ch + j] : st[(size_t)(K - 1 + src) * ch + j];
-  }
+  kda_conv_shift1(raw, sg.ls[b.layer].p[GK_ST_CONV], sg.t0, sg.len, j, ch, K);
 }
 extern "C" int gk_kda_conv(const float *raw, const gk_batch *b, const float *w, int T, int ch, int K, float *qkv) {
   if (batch_ok(b, "kda_conv")) return -1;
@@ -443,16 +450,10 @@ __global__ void kda_conv_prep_k(const float *raw, gk_batch b, const float *w, in
     float v[KDA_MAXM], ss = 0;
 #pragma unroll
     for (int m = 0; m < KDA_MAXM; m++) {
-      const int i = lane + 32 * m, j = c0 + i;
+      const int i = lane + 32 * m;
       v[m] = 0.f;
       if (i >= hd) continue;
-      float acc = 0;
-      for (int tau = 0; tau < K; tau++) {
-        int src = t - t0 - (K - 1) + tau; /* within the segment */
-        float x = src >= 0 ? raw[(size_t)(t0 + src) * ch + j] : st[(size_t)(K - 1 + src) * ch + j];
-        acc += w[(size_t)j * K + tau] * x;
-      }
-      v[m] = acc / (1.0f + expf(-acc));
+      v[m] = kda_conv1(raw, st, w, t, t0, c0 + i, ch, K);
       ss += v[m] * v[m];
     }
     float *out = qkv + (size_t)t * ch + c0;
@@ -470,16 +471,8 @@ __global__ void kda_conv_prep_k(const float *raw, gk_batch b, const float *w, in
         if (lane + 32 * m < hd) out[lane + 32 * m] = v[m];
     }
   }
-  if (SEQ) { /* kda_conv_state_k for this slot's channels */
-    const int len = tb - ta;
-    for (int i = lane; i < hd; i += 32) {
-      const int j = c0 + i;
-      for (int s = 0; s < K - 1; s++) {
-        int src = len - (K - 1) + s;
-        st[(size_t)s * ch + j] = src >= 0 ? raw[(size_t)(ta + src) * ch + j] : st[(size_t)(K - 1 + src) * ch + j];
-      }
-    }
-  }
+  if (SEQ) /* kda_conv_state_k for this slot's channels */
+    for (int i = lane; i < hd; i += 32) kda_conv_shift1(raw, st, ta, tb - ta, c0 + i, ch, K);
 }
 /* segments up to this long take the SEQ form */
 #define KDA_SEQ_MAX 4
@@ -884,8 +877,8 @@ __device__ __forceinline__ bool pool_before(float a, int ia, float b, int ib) {
  * memory) a bitonic sort of (score, index) in shared memory (log^2
  * stages); beyond, rank by counting: pool p's rank is the number of pools
  * ordered before it (O(n^2), the former path at every length). H200, 1024
- * pools, one decode token: 58 vs 126 us (gk_kprof, so with launch gaps). Both give the same K pools in the same
- * order: the order is total. */
+ * pools, one decode token: 58 vs 126 us (gk_kprof, so with launch gaps).
+ * Both give the same K pools in the same order: the order is total. */
 __global__ void select_k(const float *score, gk_batch b, int P, int K, int maxpool, int always_tail, int cap, int *dense,
                          int *npools, int *tail, int *pools) {
   GK_PDL_BEGIN();
