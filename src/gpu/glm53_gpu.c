@@ -222,10 +222,10 @@ static int up_mlp(gmodel *g, const mlp_weights *w, gmlp *o) {
 }
 
 int gpu_mla_split(int T, int max_ctx, int K, int P, int kl, int *chunk) {
-  *chunk = T < gk_gemm_min() ? gk_mla_split_rows(kl) : 0;
+  *chunk = T < gk_gemm_min() ? gk_mla_split_tile(kl) : 0;
   if (!*chunk) return 1;
-  int maxN = max_ctx < (K + 1) * P ? max_ctx : (K + 1) * P; /* bound of any query's selection */
-  return (maxN + *chunk - 1) / *chunk;
+  const int maxN = max_ctx < (K + 1) * P ? max_ctx : (K + 1) * P; /* bound of any query's selection */
+  return gk_mla_nsplit(maxN, *chunk);
 }
 
 int gpu_build_mla_heads(const wmat *w, const gpu_mat *dkvb, int H, int nope, int vd, void *(*alloc)(void *ctx, size_t n),

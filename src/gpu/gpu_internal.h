@@ -22,8 +22,8 @@ int gpu_build_mla_heads(const wmat *w, const gpu_mat *dkvb, int H, int nope, int
 #define GPU_CHECK_MLA_GEMM "mla attention, GEMM form (prefix+gather)"
 /* flash-decoding split of the MLA attention for a launch whose longest
  * segment (one sequence's run of tokens) has T tokens, over sequences of at
- * most max_ctx tokens: chunk size (0 = no split: T >= gk_gemm_min()) and the
- * number of splits (a function of max_ctx, never of positions) */
+ * most max_ctx tokens: the smallest part (0 = no split: T >= gk_gemm_min())
+ * and the number of parts (a function of max_ctx, never of positions) */
 int gpu_mla_split(int T, int max_ctx, int K, int P, int kl, int *chunk);
 
 /* ---- routed-expert placement and streaming (gpu_experts.c) ----

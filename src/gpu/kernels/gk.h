@@ -209,17 +209,20 @@ int gk_select(const float *score, const gk_batch *b, int T, int P, int K, int ma
               int *npools, int *tail, int *pools);
 /* Attention core over each token's latent cache (GK_ST_LATENT): qt [T][H][kl] (queries absorbed
  * through W_UK) -> ob [T][H][kl] (softmax-weighted latent sums). With
- * chunk > 0 each (t, h) is split into blocks of `chunk` selected tokens
- * (flash-decoding; part holds T*H*nsplit*(kl+2) floats) and merged
- * in chunk order, so a token's result depends on its position only (not on
- * nsplit, as long as nsplit*chunk covers its selection). */
+ * chunk > 0 the N selected rows of each (t, h) are split into parts of the
+ * smallest multiple of `chunk` rows that makes at most 32 parts
+ * (flash-decoding; nsplit = gk_mla_nsplit(the longest selection, chunk);
+ * part holds T*H*nsplit*(kl+2) floats), merged in part order: a token's
+ * result depends on its selection and chunk only. */
 int gk_mla_attn(const float *qt, const gk_batch *b, const int *dense, const int *npools, const int *tail, const int *pools,
                 int T, int H, int kl, int P, int K, float scale, int chunk, int nsplit, float *part, float *ob);
 /* 1: the core shares each tile of latent rows between 16 heads (default);
  * 0: one block per (token, head) (also GLM53_GPU_MLA=head). Bench use. */
 void gk_set_mla_kernel(int hs);
-/* selected rows per flash-decoding split for the core in use */
-int gk_mla_split_rows(int kl);
+/* the smallest flash-decoding part (the chunk argument of gk_mla_attn) for
+ * the core in use, and the part count for selections of up to maxN rows */
+int gk_mla_split_tile(int kl);
+int gk_mla_nsplit(int maxN, int chunk);
 /* The same attention for long chunks through fp32 cuBLAS GEMMs
  * (gk_mla_gemm.cu): all heads of a token share its selected rows. pos0: the
  * chunk's first position (host copy of *dpos). One sequence: latent is its

@@ -175,5 +175,19 @@ __device__ __forceinline__ int sel_count(int isd, int np, int tb, int pos, int P
 __device__ __forceinline__ int sel_row(int isd, int np, int tb, const int *pl, int P, int s) {
   return isd ? s : (s < np * P ? pl[s / P] * P + s % P : tb + s - np * P);
 }
+/* flash-decoding split of a selection of N rows: rows per part, the
+ * smallest multiple of `chunk` (the core's tile) with at most MLA_PARTS
+ * parts (so a short context spreads over many small parts instead of a
+ * few long ones); the parts from ceil(N / rows) on are empty. It depends on
+ * N and chunk only, so a token's rows split alike in decode steps, short
+ * prefill chunks and batches of sessions of any context bound, as long as
+ * the launch has the nsplit of gk_mla_nsplit (a smaller one gets longer
+ * parts instead of losing rows). */
+#define MLA_PARTS 32
+__device__ __forceinline__ int split_rows(int N, int chunk, int nsplit) {
+  const int r = (N + MLA_PARTS - 1) / MLA_PARTS, rn = (N + nsplit - 1) / nsplit;
+  return (max(r, rn) + chunk - 1) / chunk * chunk;
+}
+__device__ __forceinline__ int split_used(int N, int rows) { return rows > 0 ? (N + rows - 1) / rows : 0; }
 
 #endif

@@ -959,8 +959,9 @@ __global__ void __launch_bounds__(256) mla_attn_k(const float *qtg, gk_batch b, 
   for (int j = threadIdx.x; j < kl; j += blockDim.x) qt[j] = qtg[th * kl + j];
   __syncthreads();
   const int isd = dense[t], np = npools[t], tb = tail[t];
-  const int N = sel_count(isd, np, tb, pos, P);
-  const int s0 = chunk > 0 ? sp * chunk : 0, s1 = chunk > 0 ? min(N, s0 + chunk) : N;
+  const int N = sel_count(isd, np, tb, pos, P), rows = chunk > 0 ? split_rows(N, chunk, nsplit) : N;
+  if (sp > 0 && sp >= split_used(N, rows)) return; /* an empty part: mla_merge_k skips it */
+  const int s0 = chunk > 0 ? sp * rows : 0, s1 = chunk > 0 ? min(N, s0 + rows) : N;
   const int *pl = pools + (size_t)t * K;
   float m = -INFINITY, z = 0, acc[MLA_MAXC];
 #pragma unroll
@@ -1013,20 +1014,24 @@ __global__ void __launch_bounds__(256) mla_attn_k(const float *qtg, gk_batch b, 
     else ob[th * kl + j] = Z > 0 ? a / Z : 0.f;
   }
 }
-__global__ void mla_merge_k(const float *part, int nsplit, int kl, float *ob) {
+/* combines the non-empty parts of (t, h) = blockIdx.x in part order */
+__global__ void mla_merge_k(const float *part, gk_batch b, const int *dense, const int *npools, const int *tail, int H,
+                            int P, int chunk, int nsplit, int kl, float *ob) {
   GK_PDL_BEGIN();
   const size_t th = blockIdx.x;
+  const int t = (int)(th / H), pos = bpos(b, t, NULL), N = sel_count(dense[t], npools[t], tail[t], pos, P);
+  const int used = split_used(N, split_rows(N, chunk, nsplit));
   const float *r0 = part + th * nsplit * (size_t)(kl + 2);
   float M = -INFINITY, Z = 0;
-  for (int s = 0; s < nsplit; s++)
+  for (int s = 0; s < used; s++)
     if (r0[s * (size_t)(kl + 2) + 1] > 0) M = fmaxf(M, r0[s * (size_t)(kl + 2)]);
-  for (int s = 0; s < nsplit; s++) {
+  for (int s = 0; s < used; s++) {
     const float *r = r0 + s * (size_t)(kl + 2);
     if (r[1] > 0) Z += r[1] * expf(r[0] - M);
   }
   for (int j = threadIdx.x; j < kl; j += blockDim.x) {
     float a = 0;
-    for (int s = 0; s < nsplit; s++) {
+    for (int s = 0; s < used; s++) {
       const float *r = r0 + s * (size_t)(kl + 2);
       if (r[1] > 0) a += r[2 + j] * expf(r[0] - M);
     }
@@ -1071,8 +1076,9 @@ __global__ void __launch_bounds__(256) mla_hs_k(const float *qtg, gk_batch b, co
     qs[i] = a < nh ? qtg[((size_t)t * H + h0) * kl + i] : 0.f;
   }
   const int isd = dense[t], np = npools[t], tb = tail[t];
-  const int N = sel_count(isd, np, tb, pos, P);
-  const int s0 = chunk > 0 ? sp * chunk : 0, s1 = chunk > 0 ? min(N, s0 + chunk) : N;
+  const int N = sel_count(isd, np, tb, pos, P), rows = chunk > 0 ? split_rows(N, chunk, nsplit) : N;
+  if (sp > 0 && sp >= split_used(N, rows)) return; /* an empty part: mla_merge_k skips it */
+  const int s0 = chunk > 0 ? sp * rows : 0, s1 = chunk > 0 ? min(N, s0 + rows) : N;
   const int *pl = pools + (size_t)t * K;
   float m = -INFINITY, z = 0, acc[HS_COLS];
 #pragma unroll
@@ -1141,10 +1147,13 @@ static int mla_hs_on(int kl) {
   if (g_mla_hs < 0) g_mla_hs = !(getenv("GLM53_GPU_MLA") && !strcmp(getenv("GLM53_GPU_MLA"), "head"));
   return g_mla_hs && kl % 4 == 0;
 }
-/* rows per flash-decoding split: the head-sharing core has 4x fewer blocks
- * per token (16 heads each), so it takes 4x shorter splits to fill the GPU
- * at decode */
-extern "C" int gk_mla_split_rows(int kl) { return mla_hs_on(kl) ? 64 : 256; }
+/* the smallest flash-decoding part (the core's tile of rows), and the part
+ * count that covers selections of up to maxN rows (split_rows) */
+extern "C" int gk_mla_split_tile(int kl) { return mla_hs_on(kl) ? HS_R : 32; }
+extern "C" int gk_mla_nsplit(int maxN, int chunk) {
+  const int n = (maxN + chunk - 1) / chunk;
+  return n < 1 ? 1 : n < MLA_PARTS ? n : MLA_PARTS;
+}
 
 extern "C" int gk_mla_attn(const float *qt, const gk_batch *b, const int *dense, const int *npools, const int *tail,
                            const int *pools, int T, int H, int kl, int P, int K, float scale, int chunk, int nsplit,
@@ -1164,7 +1173,7 @@ extern "C" int gk_mla_attn(const float *qt, const gk_batch *b, const int *dense,
     dim3 grid(T, H, nsplit);
     gk_launch(mla_attn_k, grid, 256, 0, qt, *b, dense, npools, tail, pools, H, kl, P, K, scale, chunk, nsplit, part, ob);
   }
-  if (nsplit > 1) gk_launch(mla_merge_k, T * H, 256, 0, part, nsplit, kl, ob);
+  if (nsplit > 1) gk_launch(mla_merge_k, T * H, 256, 0, part, *b, dense, npools, tail, H, P, chunk, nsplit, kl, ob);
   return GK_LAUNCHED("mla_attn");
 }
 
