@@ -189,5 +189,13 @@ __device__ __forceinline__ int split_rows(int N, int chunk, int nsplit) {
   return (max(r, rn) + chunk - 1) / chunk * chunk;
 }
 __device__ __forceinline__ int split_used(int N, int rows) { return rows > 0 ? (N + rows - 1) / rows : 0; }
+/* the rows [s0, s1) of part sp (chunk <= 0: one part of every row); false
+ * for an empty part past the first (its block returns, the merge skips it) */
+__device__ __forceinline__ bool split_part(int N, int chunk, int nsplit, int sp, int *s0, int *s1) {
+  const int rows = chunk > 0 ? split_rows(N, chunk, nsplit) : N;
+  *s0 = sp * rows;
+  *s1 = min(N, *s0 + rows);
+  return sp == 0 || sp < split_used(N, rows);
+}
 
 #endif

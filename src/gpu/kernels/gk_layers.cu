@@ -959,9 +959,9 @@ __global__ void __launch_bounds__(256) mla_attn_k(const float *qtg, gk_batch b, 
   for (int j = threadIdx.x; j < kl; j += blockDim.x) qt[j] = qtg[th * kl + j];
   __syncthreads();
   const int isd = dense[t], np = npools[t], tb = tail[t];
-  const int N = sel_count(isd, np, tb, pos, P), rows = chunk > 0 ? split_rows(N, chunk, nsplit) : N;
-  if (sp > 0 && sp >= split_used(N, rows)) return; /* an empty part: mla_merge_k skips it */
-  const int s0 = chunk > 0 ? sp * rows : 0, s1 = chunk > 0 ? min(N, s0 + rows) : N;
+  const int N = sel_count(isd, np, tb, pos, P);
+  int s0, s1;
+  if (!split_part(N, chunk, nsplit, sp, &s0, &s1)) return;
   const int *pl = pools + (size_t)t * K;
   float m = -INFINITY, z = 0, acc[MLA_MAXC];
 #pragma unroll
@@ -1076,9 +1076,9 @@ __global__ void __launch_bounds__(256) mla_hs_k(const float *qtg, gk_batch b, co
     qs[i] = a < nh ? qtg[((size_t)t * H + h0) * kl + i] : 0.f;
   }
   const int isd = dense[t], np = npools[t], tb = tail[t];
-  const int N = sel_count(isd, np, tb, pos, P), rows = chunk > 0 ? split_rows(N, chunk, nsplit) : N;
-  if (sp > 0 && sp >= split_used(N, rows)) return; /* an empty part: mla_merge_k skips it */
-  const int s0 = chunk > 0 ? sp * rows : 0, s1 = chunk > 0 ? min(N, s0 + rows) : N;
+  const int N = sel_count(isd, np, tb, pos, P);
+  int s0, s1;
+  if (!split_part(N, chunk, nsplit, sp, &s0, &s1)) return;
   const int *pl = pools + (size_t)t * K;
   float m = -INFINITY, z = 0, acc[HS_COLS];
 #pragma unroll
