@@ -200,6 +200,13 @@ int main(int argc, char **argv) {
   glm53_gpu_profile_dump("decode @ctx 4096 (incl. 3 warm-up steps)");
   printf("decode @ctx %d: %.2f ms/token = %.1f tok/s; %.0f GB/s weights (%.0f%% of copy bw)\n", NP, dt * 1e3, 1 / dt,
          dbytes / dt / 1e9, 100.0 * dbytes / dt / 1e9 / bw);
+  /* prefill A/B within the run: the MLA GEMM form on TF32 tensor cores */
+  gk_set_mla_tf32(1);
+  glm53_session_reset(s);
+  pms = run(s, tok, NP, logits);
+  glm53_gpu_profile_dump("prefill 4096 (variant)");
+  printf("prefill %d tokens, MLA GEMM form on TF32 (GLM53_GPU_MLA_TF32=1): %.1f ms = %.0f tok/s\n", NP, pms, NP / (pms * 1e-3));
+  gk_set_mla_tf32(-1);
   glm53_session_free(s);
   /* the MLA attention variants (docs/gpu.md): prefill without the GEMM form
    * (head-sharing core, then the per-head core), decode at 4K context with

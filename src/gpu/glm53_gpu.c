@@ -1,10 +1,11 @@
 /* The gpu backend: weight upload (model_init), device-resident session
  * caches (session_init) and the forward, which mirrors src/model/forward.c
  * step for step with the device kernels of src/gpu/kernels. One stream; the
- * only host round trips are the token upload, the logits download and the
- * routed-expert ids for prefill chunks of >= gk_gemm_min() tokens (to group
- * tokens per expert for cuBLAS) and for MoE layers with streamed experts
- * (gpu_experts.c: which experts to copy). Forwards are serialised by a mutex because
+ * only host round trips are the token upload, the logits download, the
+ * per-expert pair counts of chunks of >= gk_gemm_min() tokens (cuBLAS takes
+ * GEMM sizes from the host; the pairs are sorted on the device) and the
+ * routed-expert ids of MoE layers with streamed experts (gpu_experts.c:
+ * which experts to copy). Forwards are serialised by a mutex because
  * the GEMM scratch buffers are shared. */
 #include "gpu/glm53_gpu.h"
 #include "gpu/kernels/gk.h"
@@ -531,6 +532,8 @@ typedef struct {
   int *dense, *npools, *tail, *pools;
   float *logits, *wt, *sg, *su, *pg, *pu, *eo, *xin, *xg, *xu, *xo; /* MoE */
   int *idx, *prow, *trow, *grp; /* grp: the pairs grouped per expert (gk_expert_group) */
+  int *eoff;                     /* gk_moe_sort's first slot per expert [E + 1] */
+  const int *erow;               /* the MoE layer's eo row per pair (gk_mhc_post_moe), NULL: the pair */
   float *dg, *du, *h;
   int32_t *tok; /* the upload region (io_layout): tokens, token -> segment, segments */
   int *tseg;
@@ -573,9 +576,10 @@ static size_t layout(const glm53_config *c, int T, int maxpool, size_t part, cha
   C_(apart, (part > 0 ? part : 1) * F); /* MLA split partials (flash-decoding launches only) */
   C_(dense, Tz * 4); C_(npools, Tz * 4); C_(tail, Tz * 4); C_(pools, Tz * K * 4);
   C_(logits, Tz * (E > 0 ? E : 1) * F); C_(idx, Tz * k * 4); C_(wt, Tz * k * F); C_(prow, Tz * k * 4); C_(trow, Tz * k * 4);
-  C_(grp, gk_expert_group_ints((int)(Tz * k), (int)(E > 0 ? E : 1)) * 4);
+  C_(grp, gk_expert_group_ints((int)(Tz * k), (int)(E > 0 ? E : 1)) * 4); C_(eoff, (E + 1) * 4);
   C_(sg, Tz * Is * F); C_(su, Tz * Is * F);
-  C_(pg, Tz * k * I * F); C_(pu, Tz * k * I * F); C_(eo, Tz * k * D * F);
+  const size_t PR = gk_moe_gemm_rows((int)(Tz * k)); /* pair rows, with the GEMM form's padding */
+  C_(pg, PR * I * F); C_(pu, PR * I * F); C_(eo, PR * D * F);
   C_(xin, Tz * D * F); C_(xg, Tz * I * F); C_(xu, Tz * I * F); C_(xo, Tz * D * F);
   C_(dg, Tz * c->intermediate_size * F); C_(du, Tz * c->intermediate_size * F);
   C_(h, Tz * D * F); C_(tok, io_bytes(T));
@@ -771,7 +775,17 @@ static int moe_dev(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
     TRY(gk_experts_grouped(G->d_exp, 0, 1, lim, G->efmt, I, D, A->grp, A->idx, np, E, k, 1, A->y, D, A->pg, I, A->pu));
     return gk_experts_grouped(G->d_exp, 2, 0, 0.f, G->efmt, D, I, A->grp, A->idx, np, E, k, 0, A->pg, I, A->eo, D, NULL);
   }
-  /* prefill: group the pairs by expert on the host, one GEMM per used expert */
+  if (G->efmt != WMAT_F32 && gk_have_blas()) { /* prefill: pairs sorted by expert on the device, bf16 GEMMs */
+    int *hoff = xmalloc(((size_t)E + 1) * sizeof(int));
+    int rc = gk_moe_sort(A->idx, np, E, A->prow, A->eoff) || gk_d2h(hoff, A->eoff, ((size_t)E + 1) * sizeof(int)) ||
+             gk_moe_experts_gemm(G->h_exp, E, hoff, A->eoff, A->prow, A->idx, k, A->y, D, D, I, lim, A->pg, A->pu, A->eo,
+                                 A->trow);
+    free(hoff);
+    A->erow = A->trow;
+    return rc ? -1 : 0;
+  }
+  /* f32 experts (fp32 SGEMMs): the pairs grouped by expert on the host, one
+   * GEMM per used expert, rows gathered and scattered */
   int *idx = xmalloc((size_t)np * sizeof(int)), *cnt = xcalloc((size_t)E + 1, sizeof(int));
   int *prow = xmalloc((size_t)np * sizeof(int)), *trow = xmalloc((size_t)np * sizeof(int));
   if (gk_d2h(idx, A->idx, (size_t)np * sizeof(int))) { free(idx); free(cnt); free(prow); free(trow); return -1; }
@@ -836,11 +850,12 @@ static int record(const fwd *f) {
     TRY(gk_mhc_post(A->X, A->a, A->post, A->comb, T, hc, D));
     TRY(site(c, &G->hc[1], G->post_norm, A, T));
     pr_mark(PR_MHC);
+    A->erow = NULL; /* moe_dev sets it for the expert-sorted GEMM form */
     if (c->mlp_layer_types[l] == MLP_DENSE) TRY(mlp_dev(&G->dense, c->swiglu_limit, A->y, T, D, A->dg, A->du, A->a));
     else TRY(moe_dev(c, g, l, A, T));
     pr_mark(c->mlp_layer_types[l] == MLP_DENSE ? PR_DENSE : PR_MOE);
     if (c->mlp_layer_types[l] == MLP_DENSE) TRY(gk_mhc_post(A->X, A->a, A->post, A->comb, T, hc, D));
-    else TRY(gk_mhc_post_moe(A->X, A->a, A->eo, A->idx, A->wt, c->num_experts_per_tok, A->post, A->comb, T, hc, D));
+    else TRY(gk_mhc_post_moe(A->X, A->a, A->eo, A->erow, A->idx, A->wt, c->num_experts_per_tok, A->post, A->comb, T, hc, D));
     pr_mark(PR_MHC);
   }
   if (f->nlog > 0) {

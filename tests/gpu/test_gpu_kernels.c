@@ -15,7 +15,14 @@
  * programmatic dependent launch on and off: multi-product GEMV (formats,
  * own x, fused gate+up), routed experts grouped per expert (every group
  * width, -1 pairs), the KDA recurrence with its gate, the mHC post with the
- * MoE combine.
+ * MoE combine (also reading the outputs through erow).
+ * The long-chunk (cuBLAS) forms: per-head products as one strided-batched
+ * GEMM and per head (1e-4 vs float64 on bf16-rounded x); the expert sort
+ * (exactly the stable host order, up to 32768 pairs x 288 experts); the
+ * expert GEMMs over sorted, bucket-padded pairs for bf16, Q4 and Q8 (2e-3
+ * vs float64 with the bf16 roundings of the GEMM form); the MLA GEMM form
+ * over cache prefixes and gathered selections up to 4404 rows, fp32 (1e-5)
+ * and TF32 (3e-3) against float64.
  * No device: SKIP. */
 #include "gpu_test.h"
 #include "gpu/kernels/gk.h"
@@ -554,14 +561,237 @@ static void mhc_post_moe_case(void) {
   int *didx = dcopy(idx, sizeof idx);
   gk_h2d(X2, hX, (size_t)T * hc * D * 4);
   gk_d2d(a2, a1, (size_t)T * D * 4);
+  /* the same outputs stored in another row order, read through erow */
+  int erow[5 * 4];
+  for (int p = 0; p < T * K; p++) erow[p] = (p * 7 + 3) % (T * K);
+  float *heo = xmalloc((size_t)T * K * D * 4), *heo2 = xmalloc((size_t)T * K * D * 4);
+  gk_d2h(heo, eo, (size_t)T * K * D * 4);
+  for (int p = 0; p < T * K; p++) memcpy(heo2 + (size_t)erow[p] * D, heo + (size_t)p * D, (size_t)D * 4);
+  float *eo2 = dcopy(heo2, (size_t)T * K * D * 4), *X3 = dcopy(hX, (size_t)T * hc * D * 4);
+  float *a3 = gk_malloc((size_t)T * D * 4);
+  int *derow = dcopy(erow, sizeof erow);
+  gk_d2d(a3, a2, (size_t)T * D * 4);
   int rc = gk_moe_combine(a1, eo, didx, wt, T, K, D) || gk_mhc_post(X1, a1, post, comb, T, hc, D) ||
-           gk_mhc_post_moe(X2, a2, eo, didx, wt, K, post, comb, T, hc, D);
-  const int bits = !rc && dsame(X1, X2, (size_t)T * hc * D);
+           gk_mhc_post_moe(X2, a2, eo, NULL, didx, wt, K, post, comb, T, hc, D) ||
+           gk_mhc_post_moe(X3, a3, eo2, derow, didx, wt, K, post, comb, T, hc, D);
+  const int bits = !rc && dsame(X1, X2, (size_t)T * hc * D), bits2 = !rc && dsame(X1, X3, (size_t)T * hc * D);
   CHECK(rc == 0, "mhc post + moe: %s", gk_error());
   CHECK(bits, "mhc post with the MoE combine fused differs from combine + post");
-  printf("mhc post with the MoE combine fused: bitwise %s\n", bits ? "yes" : "NO");
-  free(hX);
+  CHECK(bits2, "mhc post with the MoE combine through erow differs from combine + post");
+  printf("mhc post with the MoE combine fused: bitwise %s; outputs read through erow: bitwise %s\n", bits ? "yes" : "NO",
+         bits2 ? "yes" : "NO");
+  free(hX); free(heo); free(heo2);
   gk_free(X1); gk_free(X2); gk_free(a1); gk_free(a2); gk_free(eo); gk_free(wt); gk_free(post); gk_free(comb); gk_free(didx);
+  gk_free(eo2); gk_free(X3); gk_free(a3); gk_free(derow);
+}
+
+/* gk_matmul_heads on a long chunk (cuBLAS): bf16 heads evenly spaced in one
+ * buffer (one strided-batched GEMM) and the same heads listed out of order
+ * (per-head GEMMs), against a float64 loop over bf16-rounded x (1e-4) */
+static void heads_case(void) {
+  enum { H = 5, R = 48, C = 40, T = 37, LX = 44, LY = 50 };
+  uint16_t *hw = xmalloc((size_t)H * R * C * 2);
+  for (size_t i = 0; i < (size_t)H * R * C; i++) hw[i] = f32_to_bf16(rf());
+  char *dw = dcopy(hw, (size_t)H * R * C * 2);
+  float *hx = NULL, *dx = dvec((size_t)T * H * LX, -1, 1, &hx);
+  float *dy = gk_malloc((size_t)T * H * LY * 4), *got = xmalloc((size_t)T * H * LY * 4);
+  gpu_mat m[H];
+  for (int order = 0; order < 2; order++) {
+    for (int h = 0; h < H; h++) {
+      const int src = order ? (h * 2) % H : h; /* order 1: head h's matrix is stored at slot src; the x/y heads follow */
+      m[h] = (gpu_mat){.fmt = WMAT_BF16, .rows = R, .cols = C, .d = dw + (size_t)src * R * C * 2};
+    }
+    gpu_mat *dm = dcopy(m, sizeof m);
+    gk_memset(dy, 0, (size_t)T * H * LY * 4);
+    int rc = gk_matmul_heads(m, dm, H, dx, T, LX, dy, LY) || gk_d2h(got, dy, (size_t)T * H * LY * 4);
+    double err = INFINITY;
+    if (!rc) {
+      float *want = xcalloc((size_t)T * H * LY, 4);
+      for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++) {
+          const int src = order ? (h * 2) % H : h;
+          for (int r = 0; r < R; r++) {
+            double a = 0;
+            for (int c = 0; c < C; c++)
+              a += (double)bf16_to_f32(hw[((size_t)src * R + r) * C + c]) * round_bf16(hx[((size_t)t * H + h) * LX + c]);
+            want[((size_t)t * H + h) * LY + r] = (float)a;
+          }
+        }
+      err = rel(got, want, (size_t)T * H * LY);
+      free(want);
+    }
+    CHECK(rc == 0, "matmul heads: %s", gk_error());
+    CHECK(err <= 1e-4, "matmul heads (%s): err %g", order ? "per head" : "strided batch", err);
+    printf("matmul heads, %d tokens (cuBLAS), %-13s err %-10.3g tol 1e-4 %s\n", T, order ? "per head" : "strided batch", err,
+           err <= 1e-4 ? "ok" : "FAIL");
+    gk_free(dm);
+  }
+  free(hw); free(hx); free(got);
+  gk_free(dw); gk_free(dx); gk_free(dy);
+}
+
+/* gk_moe_sort: exactly the stable host order (ascending expert, then pair),
+ * pairs routed to -1 left out; np spans several 256-pair chunks */
+static void moe_sort_case(int np, int E) {
+  int *idx = xmalloc((size_t)np * 4), *perm = xmalloc((size_t)np * 4);
+  int *off = xmalloc(((size_t)E + 1) * 4), *want = xmalloc((size_t)np * 4), *woff = xcalloc((size_t)E + 1, 4);
+  for (int p = 0; p < np; p++) idx[p] = rnd() % 11 == 0 ? -1 : (int)(rnd() % (uint64_t)(E > 3 ? E - 2 : E)); /* some experts unused */
+  for (int p = 0; p < np; p++)
+    if (idx[p] >= 0) woff[idx[p] + 1]++;
+  for (int e = 0; e < E; e++) woff[e + 1] += woff[e];
+  int q = 0;
+  for (int e = 0; e < E; e++)
+    for (int p = 0; p < np; p++)
+      if (idx[p] == e) want[q++] = p;
+  int *didx = dcopy(idx, (size_t)np * 4), *dperm = gk_malloc((size_t)np * 4), *doff = gk_malloc(((size_t)E + 1) * 4);
+  int rc = gk_moe_sort(didx, np, E, dperm, doff) || gk_d2h(perm, dperm, (size_t)np * 4) || gk_d2h(off, doff, ((size_t)E + 1) * 4);
+  int bad = rc != 0;
+  for (int e = 0; e <= E && !bad; e++) bad |= off[e] != woff[e];
+  for (int i = 0; i < q && !bad; i++) bad |= perm[i] != want[i];
+  CHECK(rc == 0, "moe sort: %s", gk_error());
+  CHECK(!bad, "moe sort %d pairs, %d experts: order differs from the stable host sort", np, E);
+  printf("moe sort %5d pairs, %3d experts: %s\n", np, E, bad ? "DIFFERS" : "exact");
+  free(idx); free(perm); free(off); free(want); free(woff);
+  gk_free(didx); gk_free(dperm); gk_free(doff);
+}
+
+/* gk_moe_experts_gemm against a float64 loop that rounds x, the
+ * (dequantised) weights and the SwiGLU output to bf16 as the GEMM form
+ * does: 2e-3 of the largest output (summation order, and a rounding of h to
+ * bf16 that may land one ulp apart). skew: expert counts far apart (bf16:
+ * several padded buckets), else nearly even (one bucket). */
+static void moe_gemm_case(int fmt, int group, int skew) {
+  enum { E = 6, K = 3, T = 45, D = 256, I = 96 };
+  const float limit = 1.5f;
+  tmat m[E * 3];
+  gpu_mat h[E * 3];
+  for (int e = 0; e < E; e++)
+    for (int w = 0; w < 3; w++) {
+      tmat_new(&m[e * 3 + w], fmt, w == 2 ? D : I, w == 2 ? I : D, group, 1, 0);
+      h[e * 3 + w] = m[e * 3 + w].g;
+    }
+  float *hx = NULL, *dx = dvec((size_t)T * D, -1, 1, &hx);
+  int idx[T * K];
+  for (int t = 0; t < T; t++) /* distinct experts per token, some pairs -1, expert E-1 unused */
+    for (int j = 0; j < K; j++)
+      idx[t * K + j] = (t + 2 * j) % 5 == 4 ? -1 : skew ? (j + (t % 4 == 0 ? t / 4 % 3 : 0)) % (E - 1) : (t + j) % (E - 1);
+  const size_t PR = gk_moe_gemm_rows(T * K);
+  int *didx = dcopy(idx, sizeof idx), *perm = gk_malloc(sizeof idx), *erow = gk_malloc(sizeof idx), *doff = gk_malloc((E + 1) * 4);
+  float *g = gk_malloc(PR * I * 4), *u = gk_malloc(PR * I * 4), *eo = gk_malloc(PR * D * 4);
+  int hoff[E + 1], herow[T * K];
+  float *got = xmalloc(PR * D * 4);
+  int rc = gk_moe_sort(didx, T * K, E, perm, doff) || gk_d2h(hoff, doff, sizeof hoff) ||
+           gk_moe_experts_gemm(h, E, hoff, doff, perm, didx, K, dx, D, D, I, limit, g, u, eo, erow) ||
+           gk_d2h(got, eo, PR * D * 4) || gk_d2h(herow, erow, sizeof herow);
+  double err = INFINITY;
+  if (!rc) {
+    float *ref = xcalloc((size_t)T * K * D, 4), *gotp = xcalloc((size_t)T * K * D, 4);
+    float *wg = xmalloc((size_t)E * I * D * 4), *wu = xmalloc((size_t)E * I * D * 4), *wd = xmalloc((size_t)E * D * I * 4);
+    for (int e = 0; e < E; e++)
+      for (int r = 0; r < I; r++) {
+        wmat_get_row(&m[e * 3].w, r, wg + ((size_t)e * I + r) * D);
+        wmat_get_row(&m[e * 3 + 1].w, r, wu + ((size_t)e * I + r) * D);
+      }
+    for (int e = 0; e < E; e++)
+      for (int r = 0; r < D; r++) wmat_get_row(&m[e * 3 + 2].w, r, wd + ((size_t)e * D + r) * I);
+    for (size_t i = 0; i < (size_t)E * I * D; i++) { wg[i] = round_bf16(wg[i]); wu[i] = round_bf16(wu[i]); wd[i] = round_bf16(wd[i]); }
+    for (int p = 0; p < T * K; p++) {
+      const int e = idx[p];
+      if (e < 0) continue;
+      double hh[I];
+      for (int i = 0; i < I; i++) {
+        double a = 0, b = 0;
+        for (int d = 0; d < D; d++) {
+          const double xv = round_bf16(hx[(size_t)(p / K) * D + d]);
+          a += xv * wg[((size_t)e * I + i) * D + d];
+          b += xv * wu[((size_t)e * I + i) * D + d];
+        }
+        hh[i] = round_bf16(swiglu_clamped((float)a, (float)b, limit));
+      }
+      for (int d = 0; d < D; d++) {
+        double o = 0;
+        for (int i = 0; i < I; i++) o += hh[i] * wd[((size_t)e * D + d) * I + i];
+        ref[(size_t)p * D + d] = (float)o;
+      }
+      if (herow[p] >= 0 && (size_t)herow[p] < PR) memcpy(gotp + (size_t)p * D, got + (size_t)herow[p] * D, D * 4);
+    }
+    err = rel(gotp, ref, (size_t)T * K * D);
+    free(ref); free(gotp); free(wg); free(wu); free(wd);
+  }
+  char nm[64];
+  snprintf(nm, sizeof nm, "%s g%d %s counts", fname(fmt), fmt >= WMAT_Q8 ? group : 0, skew ? "skewed" : "even");
+  CHECK(rc == 0, "moe gemm %s: %s", nm, gk_error());
+  CHECK(err <= 2e-3, "moe gemm %s: err %g > 2e-3", nm, err);
+  printf("moe gemm (sorted pairs, bf16 GEMMs) %-24s err %-10.3g tol 2e-3 %s\n", nm, err, err <= 2e-3 ? "ok" : "FAIL");
+  for (int i = 0; i < E * 3; i++) tmat_free(&m[i]);
+  free(hx); free(got);
+  gk_free(dx); gk_free(didx); gk_free(perm); gk_free(erow); gk_free(doff); gk_free(g); gk_free(u); gk_free(eo);
+}
+
+/* gk_mla_attn_gemm on selections of one sequence (the cache prefix while
+ * fewer than K pools are complete, K pools + the tail after), TF32 and
+ * fp32, against a float64 loop; shapes whose padded rows take each softmax
+ * variant (256 x 1..16 rows in registers, three passes past 4096) */
+static void mla_gemm_case(int H, int kl, int P, int K, int pos0, int T) {
+  const int ctx = pos0 + T;
+  float *hq = NULL, *hl = NULL, *dq = dvec((size_t)T * H * kl, -1, 1, &hq), *dl = dvec((size_t)ctx * kl, -1, 1, &hl);
+  int *dense = xmalloc(T * 4), *np = xmalloc(T * 4), *tail = xmalloc(T * 4), *pools = xmalloc((size_t)T * K * 4);
+  for (int t = 0; t < T; t++) {
+    const int pos = pos0 + t, n = (pos + 1) / P;
+    dense[t] = n <= K;
+    np[t] = n <= K ? n : K;
+    tail[t] = n * P;
+    for (int i = 0; i < K; i++) /* distinct complete pools: t + i * floor(n / K) mod n */
+      pools[(size_t)t * K + i] = n <= K ? i : (int)(((uint64_t)t + (uint64_t)i * (n / K)) % (uint64_t)n);
+  }
+  int *dd = dcopy(dense, T * 4), *dn = dcopy(np, T * 4), *dt = dcopy(tail, T * 4), *dp = dcopy(pools, (size_t)T * K * 4);
+  int *dpos = dcopy(&pos0, 4);
+  float *ob = gk_malloc((size_t)T * H * kl * 4), *got = xmalloc((size_t)T * H * kl * 4), *ref = xmalloc((size_t)T * H * kl * 4);
+  const double scale = 1.0 / sqrt((double)kl);
+  int *rows = xmalloc((size_t)ctx * 4);
+  double *sc = xmalloc((size_t)ctx * 8), *o = xmalloc((size_t)kl * 8);
+  for (int t = 0; t < T; t++) {
+    const int pos = pos0 + t;
+    int N = 0;
+    if (dense[t]) for (int j = 0; j <= pos; j++) rows[N++] = j;
+    else {
+      for (int i = 0; i < np[t]; i++) for (int q = 0; q < P; q++) rows[N++] = pools[(size_t)t * K + i] * P + q;
+      for (int j = tail[t]; j <= pos; j++) rows[N++] = j;
+    }
+    for (int hh = 0; hh < H; hh++) {
+      const float *q = hq + ((size_t)t * H + hh) * kl;
+      double mx = -INFINITY, z = 0;
+      for (int s = 0; s < N; s++) {
+        double a = 0;
+        for (int j = 0; j < kl; j++) a += (double)q[j] * hl[(size_t)rows[s] * kl + j];
+        sc[s] = a * scale;
+        mx = fmax(mx, sc[s]);
+      }
+      for (int j = 0; j < kl; j++) o[j] = 0;
+      for (int s = 0; s < N; s++) {
+        const double e = exp(sc[s] - mx);
+        z += e;
+        for (int j = 0; j < kl; j++) o[j] += e * hl[(size_t)rows[s] * kl + j];
+      }
+      for (int j = 0; j < kl; j++) ref[((size_t)t * H + hh) * kl + j] = (float)(o[j] / z);
+    }
+  }
+  for (int tf = 1; tf >= 0; tf--) {
+    gk_set_mla_tf32(tf);
+    gk_memset(ob, 0x7f, (size_t)T * H * kl * 4);
+    int rc = gk_mla_attn_gemm(dq, dl, dd, dn, dt, dp, T, dpos, pos0, H, kl, P, K, (float)scale, ob);
+    double err = INFINITY;
+    if (rc == 1) { printf("mla gemm form: not in this build\n"); break; }
+    if (!rc && !gk_d2h(got, ob, (size_t)T * H * kl * 4)) err = rel(got, ref, (size_t)T * H * kl);
+    const double tol = tf ? 3e-3 : 1e-5;
+    CHECK(rc == 0, "mla gemm: %s", gk_error());
+    CHECK(err <= tol, "mla gemm H%d kl%d P%d K%d pos0 %d T%d %s: err %g > %g", H, kl, P, K, pos0, T, tf ? "tf32" : "fp32", err, tol);
+    printf("mla gemm form H%d kl%d P%d K%-4d pos0 %-4d T%-3d %s err %-10.3g tol %-6.0e %s\n", H, kl, P, K, pos0, T,
+           tf ? "tf32" : "fp32", err, tol, err <= tol ? "ok" : "FAIL");
+  }
+  gk_set_mla_tf32(-1);
+  free(hq); free(hl); free(dense); free(np); free(tail); free(pools); free(got); free(ref); free(rows); free(sc); free(o);
+  gk_free(dq); gk_free(dl); gk_free(dd); gk_free(dn); gk_free(dt); gk_free(dp); gk_free(dpos); gk_free(ob);
 }
 
 int main(void) {
@@ -654,5 +884,18 @@ int main(void) {
   select_case(1024, 512); /* a full power of two */
   select_case(70, 16);
   select_case(5000, 512); /* rank count (past 4096 pools) */
+  heads_case();
+  moe_sort_case(1000, 37);
+  moe_sort_case(32768, 288); /* a 4096-token chunk of the release shape */
+  moe_sort_case(7, 5);
+  moe_gemm_case(WMAT_BF16, 0, 0);
+  moe_gemm_case(WMAT_BF16, 0, 1);
+  moe_gemm_case(WMAT_Q4, 32, 1);
+  moe_gemm_case(WMAT_Q8, 64, 0);
+  mla_gemm_case(4, 64, 4, 16, 0, 200);   /* prefix rows (no gather), then gathered; 1-row-per-thread softmax */
+  mla_gemm_case(2, 64, 4, 150, 700, 30); /* gathered, 604 padded rows */
+  mla_gemm_case(2, 32, 4, 300, 1300, 9); /* 1204 */
+  mla_gemm_case(2, 32, 4, 600, 2500, 5); /* 2404 */
+  mla_gemm_case(1, 32, 4, 1100, 4500, 3); /* 4404: three passes */
   TEST_DONE();
 }

@@ -57,6 +57,7 @@ void gk_kprof_mark(const char *what);
  * same bits in prefill and decode); n >= gk_gemm_min() uses cuBLAS. */
 int gk_matmul(const gpu_mat *W, const float *x, int n, int ldx, float *y, int ldy);
 int gk_gemm_min(void);              /* $GLM53_GPU_GEMM_MIN, default 32 */
+int gk_have_blas(void);             /* 1 when built with cuBLAS/hipBLAS */
 void gk_set_gemm_min(int n);        /* tests: n <= 0 restores the default */
 /* GEMV kernel (bench/tests): 3 = the default v3 (chunked, split-K by shape,
  * docs/gpu.md); 4 = v3 without load pipelining (same bits as 3); 1 = the
@@ -147,9 +148,10 @@ int gk_mhc_pre(const float *X, const float *mixraw, const float *base, const flo
 int gk_mhc_post(float *X, const float *a, const float *post, const float *comb, int T, int hc, int D);
 /* the same after a MoE: a = a (shared expert) + the routed outputs eo
  * weighted by wt in ascending expert id, as gk_moe_combine adds them (same
- * bits, one launch less) */
-int gk_mhc_post_moe(float *X, const float *a, const float *eo, const int *idx, const float *wt, int k, const float *post,
-                    const float *comb, int T, int hc, int D);
+ * bits, one launch less). Pair p's output is row p of eo, or with erow !=
+ * NULL row erow[p] (gk_moe_sort's slots, for gk_moe_experts_gemm). */
+int gk_mhc_post_moe(float *X, const float *a, const float *eo, const int *erow, const int *idx, const float *wt, int k,
+                    const float *post, const float *comb, int T, int hc, int D);
 /* mean over streams + final rmsnorm for rows [first, T) */
 int gk_final_norm(const float *X, const float *w, int first, int T, int hc, int D, float eps, float *h);
 
@@ -223,7 +225,7 @@ void gk_set_mla_kernel(int hs);
  * the core in use, and the part count for selections of up to maxN rows */
 int gk_mla_split_tile(int kl);
 int gk_mla_nsplit(int maxN, int chunk);
-/* The same attention for long chunks through fp32 cuBLAS GEMMs
+/* The same attention for long chunks through cuBLAS GEMMs (TF32 or fp32)
  * (gk_mla_gemm.cu): all heads of a token share its selected rows. pos0: the
  * chunk's first position (host copy of *dpos). One sequence: latent is its
  * cache, dpos its pos0 on the device (in a forward: &seg[0].pos0 of the
@@ -231,6 +233,10 @@ int gk_mla_nsplit(int maxN, int chunk);
  * not available in this build (no BLAS): use gk_mla_attn then. */
 int gk_mla_attn_gemm(const float *qt, const float *latent, const int *dense, const int *npools, const int *tail,
                      const int *pools, int T, const int *dpos, int pos0, int H, int kl, int P, int K, float scale, float *ob);
+/* whether gk_mla_attn_gemm's GEMMs use TF32 tensor cores (GLM53_GPU_MLA_TF32=1;
+ * fp32 by default), and the switch (tests and bench; -1: the environment) */
+int gk_mla_tf32(void);
+void gk_set_mla_tf32(int on);
 
 /* ---- MoE ---- */
 int gk_moe_route(const float *logits, const float *bias, int T, int E, int k, int G, int topk_group, int norm,
@@ -238,6 +244,20 @@ int gk_moe_route(const float *logits, const float *bias, int T, int E, int k, in
 int gk_moe_combine(float *out, const float *eo, const int *idx, const float *wt, int T, int k, int D);
 int gk_gather_rows(float *dst, const float *src, const int *rows, int n, int D);
 int gk_scatter_rows(float *dst, const float *src, const int *rows, int n, int D);
+
+/* Routed experts of long chunks as bf16 GEMMs over expert-sorted pairs
+ * (gk_moe_gemm.cu). gk_moe_sort: stable order of the np pairs of idx by
+ * expert, perm[slot] = pair for the routed ones, off[E + 1] the first slot
+ * per expert (device). gk_moe_experts_gemm (hoff: off copied to the host):
+ * eo[erow[pair]] = down(swiglu(gate, up)) of the pair's token row of x,
+ * for every expert matrix format (quantized ones dequantised to bf16 per
+ * expert); rows may be padded per expert, so g, u and eo need
+ * gk_moe_gemm_rows(np) rows (fp32, I, I and D wide). Activations rounded
+ * to bf16 (as gk_matmul's cuBLAS path). */
+int gk_moe_sort(const int *idx, int np, int E, int *perm, int *off);
+size_t gk_moe_gemm_rows(int npairs);
+int gk_moe_experts_gemm(const gpu_mat *h_exp, int E, const int *hoff, const int *off, const int *perm, const int *idx, int k,
+                        const float *x, int ldx, int D, int I, float limit, float *g, float *u, float *eo, int *erow);
 
 /* ---- CUDA graphs (decode replay) ---- */
 int gk_graphs_supported(void);       /* 0 in the HIP build */

@@ -142,6 +142,7 @@ extern "C" int gk_gemm_min(void) {
   return g_gemm_min;
 }
 extern "C" void gk_set_gemm_min(int n) { g_gemm_min = n > 0 ? n : -1; }
+extern "C" int gk_have_blas(void) { return GK_HAVE_BLAS; }
 
 /* ---------------- GEMV ----------------
  * Three kernels: v3 (the default, further below), and the two before it,
@@ -565,6 +566,30 @@ static int gemm(const gpu_mat *W, const float *x, int n, int ldx, float *y, int 
   return GK_LAUNCHED("gemm bf16");
 }
 
+
+/* the per-head products as one strided-batched bf16 GEMM (one conversion
+ * of x for all heads) when every head's matrix is bf16, of one shape, and
+ * evenly spaced in memory (W_UK^T: one buffer; W_UV: rows of kv_b); 1: not
+ * applicable (the caller loops over heads), -1 on error */
+static int heads_batched(const gpu_mat *W, int H, const float *x, int T, int ldx_head, float *y, int ldy_head) {
+  if (H < 2 || W[0].fmt != GF_BF16) return 1;
+  const long long st = (const char *)W[1].d - (const char *)W[0].d;
+  if (st <= 0 || st % 2) return 1;
+  for (int h = 1; h < H; h++)
+    if (W[h].fmt != GF_BF16 || W[h].rows != W[0].rows || W[h].cols != W[0].cols ||
+        (const char *)W[h].d - (const char *)W[0].d != st * h)
+      return 1;
+  const int ld = H * ldx_head, rows = W[0].rows, cols = W[0].cols;
+  __nv_bfloat16 *xb = (__nv_bfloat16 *)scratch(&g_xb, (size_t)T * ld * 2);
+  if (!xb) return -1;
+  gk_launch(to_bf16_k, gk_blocks((size_t)T * ld, 256), 256, 0, x, T, ld, ld, xb);
+  const float one = 1.f, zero = 0.f;
+  if (cublasGemmStridedBatchedEx(g_blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, T, cols, &one, W[0].d, CUDA_R_16BF, cols, st / 2, xb,
+                                 CUDA_R_16BF, ld, ldx_head, &zero, y, CUDA_R_32F, H * ldy_head, ldy_head, H,
+                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
+    return gk_fail("cublasGemmStridedBatchedEx failed (%d heads of %d x %d x %d)", H, rows, T, cols);
+  return GK_LAUNCHED("gemm bf16 heads") ? -1 : 0;
+}
 #endif
 
 /* cuBLAS for chunks of at least gk_gemm_min() tokens, where built with it */
@@ -674,6 +699,12 @@ extern "C" int gk_matmul_heads(const gpu_mat *h_mats, const gpu_mat *d_mats, int
   const gpu_mat *W = &h_mats[0];
   if (T < gk_gemm_min()) /* row p = t*H + h of x and y */
     return batched_gemv(d_mats, 0, 1, W->fmt, W->rows, W->cols, NULL, T * H, H, 0, x, ldx_head, y, ldy_head, -1);
+#if GK_HAVE_BLAS
+  if (use_blas(T)) {
+    const int r = heads_batched(h_mats, H, x, T, ldx_head, y, ldy_head);
+    if (r <= 0) return r;
+  }
+#endif
   for (int h = 0; h < H; h++)
     if (gk_matmul(&h_mats[h], x + (size_t)h * ldx_head, T, H * ldx_head, y + (size_t)h * ldy_head, H * ldy_head)) return -1;
   return 0;

@@ -281,9 +281,10 @@ extern "C" int gk_mhc_pre(const float *X, const float *mixraw, const float *base
 }
 
 /* the sublayer output of token t, column d: a, or after a MoE a plus the
- * routed outputs in ascending expert id (moe_combine_k's order) */
-__device__ __forceinline__ float moe_sum(float acc, const float *eo, const int *idx, const float *wt, int t, int k, int D,
-                                         int d) {
+ * routed outputs in ascending expert id (moe_combine_k's order); pair p's
+ * output is row p of eo, or row erow[p] (the expert-sorted GEMM form) */
+__device__ __forceinline__ float moe_sum(float acc, const float *eo, const int *erow, const int *idx, const float *wt, int t,
+                                         int k, int D, int d) {
   const int *id = idx + (size_t)t * k;
   int last = -1;
   for (int r = 0; r < k; r++) { /* next smallest expert id above `last` */
@@ -292,13 +293,14 @@ __device__ __forceinline__ float moe_sum(float acc, const float *eo, const int *
       if (id[j] > last && (best < 0 || id[j] < id[best])) best = j;
     if (best < 0) break;
     last = id[best];
-    acc += wt[(size_t)t * k + best] * eo[((size_t)t * k + best) * D + d];
+    const size_t p = (size_t)t * k + best;
+    acc += wt[p] * eo[(erow ? (size_t)erow[p] : p) * D + d];
   }
   return acc;
 }
 
 template <bool MOE>
-__global__ void mhc_post_k(float *X, const float *a, const float *eo, const int *idx, const float *wt, int k,
+__global__ void mhc_post_k(float *X, const float *a, const float *eo, const int *erow, const int *idx, const float *wt, int k,
                            const float *post, const float *comb, int T, int hc, int D) {
   GK_PDL_BEGIN();
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
@@ -308,7 +310,7 @@ __global__ void mhc_post_k(float *X, const float *a, const float *eo, const int 
   float *Xt = X + (size_t)t * hc * D;
   for (int g = 0; g < hc; g++) old[g] = Xt[(size_t)g * D + d];
   float y = a[(size_t)t * D + d];
-  if (MOE) y = moe_sum(y, eo, idx, wt, t, k, D, d);
+  if (MOE) y = moe_sum(y, eo, erow, idx, wt, t, k, D, d);
   const float *cb = comb + (size_t)t * hc * hc;
   for (int h = 0; h < hc; h++) {
     float acc = post[t * hc + h] * y;
@@ -318,12 +320,12 @@ __global__ void mhc_post_k(float *X, const float *a, const float *eo, const int 
 }
 extern "C" int gk_mhc_post(float *X, const float *a, const float *post, const float *comb, int T, int hc, int D) {
   gk_launch(mhc_post_k<false>, gk_blocks((size_t)T * D, 256), 256, 0, X, a, (const float *)NULL, (const int *)NULL,
-            (const float *)NULL, 0, post, comb, T, hc, D);
+            (const int *)NULL, (const float *)NULL, 0, post, comb, T, hc, D);
   return GK_LAUNCHED("mhc_post");
 }
-extern "C" int gk_mhc_post_moe(float *X, const float *a, const float *eo, const int *idx, const float *wt, int k,
-                               const float *post, const float *comb, int T, int hc, int D) {
-  gk_launch(mhc_post_k<true>, gk_blocks((size_t)T * D, 256), 256, 0, X, a, eo, idx, wt, k, post, comb, T, hc, D);
+extern "C" int gk_mhc_post_moe(float *X, const float *a, const float *eo, const int *erow, const int *idx, const float *wt,
+                               int k, const float *post, const float *comb, int T, int hc, int D) {
+  gk_launch(mhc_post_k<true>, gk_blocks((size_t)T * D, 256), 256, 0, X, a, eo, erow, idx, wt, k, post, comb, T, hc, D);
   return GK_LAUNCHED("mhc_post_moe");
 }
 
@@ -1292,7 +1294,7 @@ __global__ void moe_combine_k(float *out, const float *eo, const int *idx, const
   GK_PDL_BEGIN();
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
   if (i >= (size_t)T * D) return;
-  out[i] = moe_sum(out[i], eo, idx, wt, (int)(i / D), k, D, (int)(i % D));
+  out[i] = moe_sum(out[i], eo, NULL, idx, wt, (int)(i / D), k, D, (int)(i % D));
 }
 extern "C" int gk_moe_combine(float *out, const float *eo, const int *idx, const float *wt, int T, int k, int D) {
   gk_launch(moe_combine_k, gk_blocks((size_t)T * D, 256), 256, 0, out, eo, idx, wt, T, k, D);

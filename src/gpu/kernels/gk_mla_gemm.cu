@@ -13,10 +13,26 @@
  * order and the tail follows it), so G_t is the cache itself (stride 0, no
  * copy; the padding rows are cache rows of this chunk, finite, weighted 0);
  * otherwise the rows are gathered per token into a scratch buffer.
- * fp32 throughout (SGEMM, no TF32): results match gk_mla_attn to fp32
- * rounding, not bitwise (another summation order). */
+ * The GEMMs run in fp32 by default (results within fp32 rounding of
+ * gk_mla_attn; not bitwise: another summation order), on TF32 tensor cores
+ * when asked (gk_mla_tf32: within ~1e-3). The softmax
+ * holds a row in registers (one read and one write of S). */
 #include "gk_common.cuh"
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* TF32 tensor cores for the two GEMMs (inputs rounded to 10-bit
+ * mantissas, fp32 accumulation) with GLM53_GPU_MLA_TF32=1 or
+ * gk_set_mla_tf32(1); fp32 by default: TF32's ~3e-4 relative error in the
+ * attention output flips near-tied routing and top-k choices of the test
+ * models (forward test: 0.27 of the logits' range vs the CPU) */
+static int g_tf32 = -1;
+extern "C" void gk_set_mla_tf32(int on) { g_tf32 = on < 0 ? -1 : on != 0; }
+extern "C" int gk_mla_tf32(void) {
+  if (g_tf32 < 0) g_tf32 = getenv("GLM53_GPU_MLA_TF32") && !strcmp(getenv("GLM53_GPU_MLA_TF32"), "1");
+  return g_tf32;
+}
 
 #if GK_HAVE_BLAS
 static cublasHandle_t g_h;
@@ -32,28 +48,67 @@ static void *buf(size_t n) {
   return g_buf;
 }
 
-/* G[t][n][:] = latent row of the n-th selected token of t0 + t, zero past N_t */
+/* G[t][n][:] = latent row of the n-th selected token of t0 + t, zero past
+ * N_t: one warp per row (the row's source found once, then kl/4 float4
+ * copies spread over the lanes); grid (tokens, ceil(Npad / 8)) */
 __global__ void mla_gather_k(const float *latent, const int *dense, const int *npools, const int *tail, const int *pools,
                              const int *dpos, int t0, int P, int K, int kl, int Npad, float *G) {
   GK_PDL_BEGIN();
-  const int t = t0 + blockIdx.x, pos = *dpos + t;
+  const int t = t0 + blockIdx.x, pos = *dpos + t, lane = threadIdx.x & 31;
+  const int n = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (n >= Npad) return;
   const int isd = dense[t], np = npools[t], tb = tail[t], N = sel_count(isd, np, tb, pos, P);
-  const int *pl = pools + (size_t)t * K;
   const int q4 = kl / 4;
-  float4 *g = (float4 *)(G + (size_t)blockIdx.x * Npad * kl);
-  for (size_t i = blockIdx.y * (size_t)blockDim.x + threadIdx.x; i < (size_t)Npad * q4; i += (size_t)gridDim.y * blockDim.x) {
-    int n = (int)(i / q4), c = (int)(i % q4);
-    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (n < N) {
-      int tok = sel_row(isd, np, tb, pl, P, n);
-      v = ((const float4 *)(latent + (size_t)tok * kl))[c];
-    }
-    g[i] = v;
+  float4 *g = (float4 *)(G + ((size_t)blockIdx.x * Npad + n) * kl);
+  if (n >= N) {
+    for (int c = lane; c < q4; c += 32) g[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+    return;
+  }
+  const float4 *src = (const float4 *)(latent + (size_t)sel_row(isd, np, tb, pools + (size_t)t * K, P, n) * kl);
+  for (int c = lane; c < q4; c += 32) g[c] = __ldg(src + c);
+}
+
+/* one block of 256 threads per (token, head) row of S, the row held in
+ * registers (VPT values per thread, Npad <= 256 * VPT): one read and one
+ * write of S. p = exp(scale*s - max) / sum over n < N_t, 0 beyond. */
+template <int VPT>
+__global__ void __launch_bounds__(256) mla_softmax_reg_k(float *S, const int *dense, const int *npools, const int *tail,
+                                                         const int *dpos, int t0, int H, int P, int Npad, float scale) {
+  GK_PDL_BEGIN();
+  __shared__ float sh[32];
+  const int t = t0 + blockIdx.x / H, pos = *dpos + t, N = sel_count(dense[t], npools[t], tail[t], pos, P);
+  float *row = S + (size_t)blockIdx.x * Npad;
+  float v[VPT], m = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < VPT; i++) {
+    const int n = threadIdx.x + i * 256;
+    v[i] = n < N ? row[n] * scale : -INFINITY;
+    m = fmaxf(m, v[i]);
+  }
+  { /* block max */
+    float w = warp_max(m);
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = w;
+    __syncthreads();
+    m = -INFINITY;
+    for (int i = 0; i < 8; i++) m = fmaxf(m, sh[i]);
+  } /* block_sum synchronises before it reuses sh */
+  float z = 0;
+#pragma unroll
+  for (int i = 0; i < VPT; i++) {
+    const int n = threadIdx.x + i * 256;
+    v[i] = n < N ? expf(v[i] - m) : 0.f;
+    z += v[i];
+  }
+  z = block_sum(z, sh);
+  const float inv = z > 0 ? 1.0f / z : 0.f;
+#pragma unroll
+  for (int i = 0; i < VPT; i++) {
+    const int n = threadIdx.x + i * 256;
+    if (n < Npad) row[n] = v[i] * inv;
   }
 }
 
-/* one block per (token, head) row of S: p = exp(scale*s - max) / sum over
- * n < N_t, 0 beyond */
+/* rows longer than 256 * 16: three passes over the row in memory */
 __global__ void mla_softmax_k(float *S, const int *dense, const int *npools, const int *tail, const int *dpos, int t0, int H,
                               int P, int Npad, float scale) {
   GK_PDL_BEGIN();
@@ -79,6 +134,18 @@ __global__ void mla_softmax_k(float *S, const int *dense, const int *npools, con
   z = block_sum(z, sh);
   const float inv = z > 0 ? 1.0f / z : 0.f;
   for (int n = threadIdx.x; n < Npad; n += blockDim.x) row[n] = n < N ? row[n] * inv : 0.f;
+}
+
+static int softmax(float *S, const int *dense, const int *npools, const int *tail, const int *dpos, int t0, int tc, int H,
+                   int P, int Npad, float scale) {
+  const dim3 g(tc * H);
+  if (Npad <= 256) gk_launch(mla_softmax_reg_k<1>, g, 256, 0, S, dense, npools, tail, dpos, t0, H, P, Npad, scale);
+  else if (Npad <= 512) gk_launch(mla_softmax_reg_k<2>, g, 256, 0, S, dense, npools, tail, dpos, t0, H, P, Npad, scale);
+  else if (Npad <= 1024) gk_launch(mla_softmax_reg_k<4>, g, 256, 0, S, dense, npools, tail, dpos, t0, H, P, Npad, scale);
+  else if (Npad <= 2048) gk_launch(mla_softmax_reg_k<8>, g, 256, 0, S, dense, npools, tail, dpos, t0, H, P, Npad, scale);
+  else if (Npad <= 4096) gk_launch(mla_softmax_reg_k<16>, g, 256, 0, S, dense, npools, tail, dpos, t0, H, P, Npad, scale);
+  else gk_launch(mla_softmax_k, g, 256, 0, S, dense, npools, tail, dpos, t0, H, P, Npad, scale);
+  return GK_LAUNCHED("mla softmax");
 }
 
 static int blas(void) {
@@ -129,25 +196,25 @@ extern "C" int gk_mla_attn_gemm(const float *qt, const float *latent, const int 
     const float *A = latent;
     long long strideA = 0;
     if (!prefix) {
-      dim3 gg(tc, 8);
-      gk_launch(mla_gather_k, gg, 256, 0, latent, dense, npools, tail, pools, dpos, t0, P, K, kl, Npad, G);
+      gk_launch(mla_gather_k, dim3(tc, (Npad + 7) / 8), 256, 0, latent, dense, npools, tail, pools, dpos, t0, P, K, kl, Npad, G);
       if (GK_LAUNCHED("mla gather")) return -1;
       A = G;
       strideA = (long long)Npad * kl;
     }
     const float one = 1.f, zero = 0.f;
+    const cublasComputeType_t ct = gk_mla_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     /* column-major: S_t^T [Npad x H] = G_t [Npad x kl] (row-major G is kl x Npad col-major: OP_T) x q~_t^T [kl x H] */
-    if (cublasSgemmStridedBatched(g_h, CUBLAS_OP_T, CUBLAS_OP_N, Npad, H, kl, &one, A, kl, strideA,
-                                  qt + (size_t)t0 * H * kl, kl, (long long)H * kl, &zero, S, Npad, (long long)H * Npad,
-                                  tc) != CUBLAS_STATUS_SUCCESS)
-      return gk_fail("mla gemm: scores SGEMM failed (%d x %d x %d, batch %d)", Npad, H, kl, tc);
-    gk_launch(mla_softmax_k, tc * H, 256, 0, S, dense, npools, tail, dpos, t0, H, P, Npad, scale);
-    if (GK_LAUNCHED("mla softmax")) return -1;
+    if (cublasGemmStridedBatchedEx(g_h, CUBLAS_OP_T, CUBLAS_OP_N, Npad, H, kl, &one, A, CUDA_R_32F, kl, strideA,
+                                   qt + (size_t)t0 * H * kl, CUDA_R_32F, kl, (long long)H * kl, &zero, S, CUDA_R_32F, Npad,
+                                   (long long)H * Npad, tc, ct, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
+      return gk_fail("mla gemm: scores GEMM failed (%d x %d x %d, batch %d)", Npad, H, kl, tc);
+    if (GK_LAUNCHED("mla scores gemm") || softmax(S, dense, npools, tail, dpos, t0, tc, H, P, Npad, scale)) return -1;
     /* o_t^T [kl x H] = G_t^T [kl x Npad] x P_t^T [Npad x H] */
-    if (cublasSgemmStridedBatched(g_h, CUBLAS_OP_N, CUBLAS_OP_N, kl, H, Npad, &one, A, kl, strideA, S, Npad,
-                                  (long long)H * Npad, &zero, ob + (size_t)t0 * H * kl, kl, (long long)H * kl,
-                                  tc) != CUBLAS_STATUS_SUCCESS)
-      return gk_fail("mla gemm: output SGEMM failed (%d x %d x %d, batch %d)", kl, H, Npad, tc);
+    if (cublasGemmStridedBatchedEx(g_h, CUBLAS_OP_N, CUBLAS_OP_N, kl, H, Npad, &one, A, CUDA_R_32F, kl, strideA, S,
+                                   CUDA_R_32F, Npad, (long long)H * Npad, &zero, ob + (size_t)t0 * H * kl, CUDA_R_32F, kl,
+                                   (long long)H * kl, tc, ct, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
+      return gk_fail("mla gemm: output GEMM failed (%d x %d x %d, batch %d)", kl, H, Npad, tc);
+    if (GK_LAUNCHED("mla output gemm")) return -1;
     t0 += tc;
   }
   return 0;

@@ -62,6 +62,11 @@
 #define cublasSgemm hipblasSgemm
 #define cublasSgemmStridedBatched hipblasSgemmStridedBatched
 #define cublasGemmEx hipblasGemmEx_v2
+#define cublasGemmStridedBatchedEx hipblasGemmStridedBatchedEx_v2
+#define cublasGemmBatchedEx hipblasGemmBatchedEx_v2
+#define cublasComputeType_t hipblasComputeType_t
+#define cublasOperation_t hipblasOperation_t
+#define CUBLAS_COMPUTE_32F_FAST_TF32 HIPBLAS_COMPUTE_32F_FAST_TF32
 #define CUBLAS_OP_N HIPBLAS_OP_N
 #define CUBLAS_OP_T HIPBLAS_OP_T
 #define CUDA_R_16BF HIP_R_16BF
