@@ -49,6 +49,11 @@ static double run(glm53_session *s, const int32_t *tok, int n, float *logits) {
   return ms;
 }
 
+static double median3(const double *v) {
+  const double a = v[0], b = v[1], c = v[2];
+  return a > b ? (b > c ? b : a > c ? c : a) : (a > c ? a : b > c ? c : b);
+}
+
 static double decode(glm53_session *s, int steps, const int32_t *tok, float *logits) {
   for (int i = 0; i < 3; i++) run(s, tok + i, 1, logits); /* warm-up */
   double t0 = now_sec();
@@ -119,7 +124,7 @@ static int kprof_bench(glm53_model *m, const char *mode) {
   gk_kprof_end(!strcmp(mode, "q4") ? "q4 decode @ctx 64" : "bf16 decode @ctx 64", steps);
   if (strcmp(mode, "q4")) {
     glm53_session_reset(s);
-    run(s, tok, 512, logits); /* warm-up of the GEMM shapes */
+    run(s, tok, NP, logits); /* warm-up: scratch sizes and cuBLAS plans of the 4096-token shapes */
     glm53_session_reset(s);
     gk_kprof_begin();
     run(s, tok, NP, logits);
@@ -187,26 +192,38 @@ int main(int argc, char **argv) {
     free(tok); free(logits);
     return 0;
   }
+  /* the first 4096-token prefill also grows the scratch buffers and has
+   * cuBLAS plan its new shapes: reported apart, then the median of 3 */
   glm53_session_reset(s);
-  run(s, tok, 512, logits); /* warm-up of the GEMM shapes */
-  glm53_session_reset(s);
+  double first = run(s, tok, NP, logits);
   glm53_gpu_profile_dump("(discarded)");
-  double pms = run(s, tok, NP, logits);
-  glm53_gpu_profile_dump("prefill 4096");
+  double pr[3];
+  for (int i = 0; i < 3; i++) {
+    glm53_session_reset(s);
+    pr[i] = run(s, tok, NP, logits);
+    glm53_gpu_profile_dump("prefill 4096");
+  }
+  double pms = median3(pr);
+  printf("prefill %d tokens, first in the process (scratch allocation, cuBLAS plans): %.1f ms\n", NP, first);
   double pf = 2.0 * active * NP / (pms * 1e-3) / 1e12;
-  printf("prefill %d tokens: %.1f ms = %.0f tok/s; %.1f TFLOP/s in weight GEMMs (%.1f%% of measured bf16 GEMM)\n", NP, pms,
-         NP / (pms * 1e-3), pf, 100.0 * pf / tf);
+  printf("prefill %d tokens (median of 3): %.1f ms = %.0f tok/s; %.1f TFLOP/s in weight GEMMs (%.1f%% of measured bf16 GEMM); MLA GEMM form in %s\n",
+         NP, pms, NP / (pms * 1e-3), pf, 100.0 * pf / tf, gk_mla_math_name(gk_mla_math()));
   dt = decode(s, steps, tok + NP, logits);
   glm53_gpu_profile_dump("decode @ctx 4096 (incl. 3 warm-up steps)");
   printf("decode @ctx %d: %.2f ms/token = %.1f tok/s; %.0f GB/s weights (%.0f%% of copy bw)\n", NP, dt * 1e3, 1 / dt,
          dbytes / dt / 1e9, 100.0 * dbytes / dt / 1e9 / bw);
-  /* prefill A/B within the run: the MLA GEMM form on TF32 tensor cores */
-  gk_set_mla_tf32(1);
-  glm53_session_reset(s);
-  pms = run(s, tok, NP, logits);
-  glm53_gpu_profile_dump("prefill 4096 (variant)");
-  printf("prefill %d tokens, MLA GEMM form on TF32 (GLM53_GPU_MLA_TF32=1): %.1f ms = %.0f tok/s\n", NP, pms, NP / (pms * 1e-3));
-  gk_set_mla_tf32(-1);
+  /* prefill A/B within the run: the MLA GEMM form's other arithmetics */
+  const int dflt = gk_mla_math();
+  for (int mode = GK_MLA_FP32; mode <= GK_MLA_BF16X9; mode++) {
+    if (mode == dflt) continue;
+    gk_set_mla_math(mode);
+    glm53_session_reset(s);
+    pms = run(s, tok, NP, logits);
+    glm53_gpu_profile_dump("prefill 4096 (variant)");
+    printf("prefill %d tokens, MLA GEMM form in %s instead of %s (GLM53_GPU_MLA_MATH=%s): %.1f ms = %.0f tok/s\n", NP,
+           gk_mla_math_name(mode), gk_mla_math_name(dflt), gk_mla_math_name(mode), pms, NP / (pms * 1e-3));
+  }
+  gk_set_mla_math(-1);
   glm53_session_free(s);
   /* the MLA attention variants (docs/gpu.md): prefill without the GEMM form
    * (head-sharing core, then the per-head core), decode at 4K context with

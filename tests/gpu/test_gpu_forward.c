@@ -32,7 +32,7 @@ static void check_model(int topk, int kpool, int shared, uint64_t seed) {
   if (strcmp(glm53_model_backend(m), "gpu")) { free(tok); free(cpu); free(full); free(other); free(alt); glm53_model_free(m); return; }
   static const int patterns[][6] = {{1, 0}, {5, 0}, {3, 7, 2, 0}, {64, 1, 0}};
   for (int mode = 0; mode < 2; mode++) {
-    gk_set_gemm_min(mode ? 1 << 30 : 0); /* 0: default (cuBLAS for >= 32 tokens); 1: GEMV only */
+    gk_set_gemm_min(mode ? 1 << 30 : 0); /* 0: default (cuBLAS from gk_gemm_min() tokens); 1: GEMV only */
     fx_run_chunks(m, tok, n, (int[]){n, 0}, full);
     float d = (float)rows_rel_diff(cpu, full, n, V);
     printf("topk=%d kpool=%d shared=%d %s: gpu vs cpu max rel diff %.3g\n", topk, kpool, shared, mode ? "gemv" : "cublas", d);

@@ -21,8 +21,8 @@
  * (exactly the stable host order, up to 32768 pairs x 288 experts); the
  * expert GEMMs over sorted, bucket-padded pairs for bf16, Q4 and Q8 (2e-3
  * vs float64 with the bf16 roundings of the GEMM form); the MLA GEMM form
- * over cache prefixes and gathered selections up to 4404 rows, fp32 (1e-5)
- * and TF32 (3e-3) against float64.
+ * over cache prefixes and gathered selections up to 4404 rows, fp32 and
+ * bf16x9-emulated fp32 (1e-5) and TF32 (3e-3) against float64.
  * No device: SKIP. */
 #include "gpu_test.h"
 #include "gpu/kernels/gk.h"
@@ -549,15 +549,17 @@ static void kda_tiles_case(int T1, int T2, int H, int hd) {
   gk_free(qkv); gk_free(g); gk_free(bl); gk_free(S); gk_free(S1); gk_free(o); gk_free(o1);
 }
 
-/* gk_mhc_post_moe against gk_moe_combine + gk_mhc_post */
-static void mhc_post_moe_case(void) {
-  const int T = 5, hc = 4, D = 300, K = 4;
+/* gk_mhc_post_moe against gk_moe_combine + gk_mhc_post; D = 300: blocks
+ * within a token (order in shared memory) and across tokens (per element),
+ * D = 512: every block within a token; a token with a repeated expert id */
+static void mhc_post_moe_case(int D) {
+  const int T = 5, hc = 4, K = 4;
   float *hX = NULL;
   float *X1 = dvec((size_t)T * hc * D, -1, 1, &hX), *X2 = gk_malloc((size_t)T * hc * D * 4);
   float *a1 = dvec((size_t)T * D, -1, 1, NULL), *a2 = gk_malloc((size_t)T * D * 4);
   float *eo = dvec((size_t)T * K * D, -1, 1, NULL), *wt = dvec((size_t)T * K, 0, 1, NULL);
   float *post = dvec((size_t)T * hc, 0, 2, NULL), *comb = dvec((size_t)T * hc * hc, 0, 1, NULL);
-  const int idx[5 * 4] = {7, 2, 9, 0, -1, 3, 1, -1, 5, 4, 6, 8, -1, -1, -1, -1, 11, 10, 2, 12};
+  const int idx[5 * 4] = {7, 2, 9, 0, -1, 3, 1, -1, 5, 4, 5, 8, -1, -1, -1, -1, 11, 10, 2, 12};
   int *didx = dcopy(idx, sizeof idx);
   gk_h2d(X2, hX, (size_t)T * hc * D * 4);
   gk_d2d(a2, a1, (size_t)T * D * 4);
@@ -578,8 +580,8 @@ static void mhc_post_moe_case(void) {
   CHECK(rc == 0, "mhc post + moe: %s", gk_error());
   CHECK(bits, "mhc post with the MoE combine fused differs from combine + post");
   CHECK(bits2, "mhc post with the MoE combine through erow differs from combine + post");
-  printf("mhc post with the MoE combine fused: bitwise %s; outputs read through erow: bitwise %s\n", bits ? "yes" : "NO",
-         bits2 ? "yes" : "NO");
+  printf("mhc post with the MoE combine fused (D %d): bitwise %s; outputs read through erow: bitwise %s\n", D,
+         bits ? "yes" : "NO", bits2 ? "yes" : "NO");
   free(hX); free(heo); free(heo2);
   gk_free(X1); gk_free(X2); gk_free(a1); gk_free(a2); gk_free(eo); gk_free(wt); gk_free(post); gk_free(comb); gk_free(didx);
   gk_free(eo2); gk_free(X3); gk_free(a3); gk_free(derow);
@@ -660,8 +662,8 @@ static void moe_sort_case(int np, int E) {
  * does: 2e-3 of the largest output (summation order, and a rounding of h to
  * bf16 that may land one ulp apart). skew: expert counts far apart (bf16:
  * several padded buckets), else nearly even (one bucket). */
-static void moe_gemm_case(int fmt, int group, int skew) {
-  enum { E = 6, K = 3, T = 45, D = 256, I = 96 };
+static void moe_gemm_case(int fmt, int group, int skew, int D) {
+  enum { E = 6, K = 3, T = 45, I = 96 };
   const float limit = 1.5f;
   tmat m[E * 3];
   gpu_mat h[E * 3];
@@ -719,7 +721,7 @@ static void moe_gemm_case(int fmt, int group, int skew) {
     free(ref); free(gotp); free(wg); free(wu); free(wd);
   }
   char nm[64];
-  snprintf(nm, sizeof nm, "%s g%d %s counts", fname(fmt), fmt >= WMAT_Q8 ? group : 0, skew ? "skewed" : "even");
+  snprintf(nm, sizeof nm, "%s g%d D%d %s counts", fname(fmt), fmt >= WMAT_Q8 ? group : 0, D, skew ? "skewed" : "even");
   CHECK(rc == 0, "moe gemm %s: %s", nm, gk_error());
   CHECK(err <= 2e-3, "moe gemm %s: err %g > 2e-3", nm, err);
   printf("moe gemm (sorted pairs, bf16 GEMMs) %-24s err %-10.3g tol 2e-3 %s\n", nm, err, err <= 2e-3 ? "ok" : "FAIL");
@@ -776,20 +778,21 @@ static void mla_gemm_case(int H, int kl, int P, int K, int pos0, int T) {
       for (int j = 0; j < kl; j++) ref[((size_t)t * H + hh) * kl + j] = (float)(o[j] / z);
     }
   }
-  for (int tf = 1; tf >= 0; tf--) {
-    gk_set_mla_tf32(tf);
+  for (int tf = GK_MLA_BF16X9; tf >= GK_MLA_FP32; tf--) { /* bf16x9 emulation, TF32, fp32 */
+    gk_set_mla_math(tf);
     gk_memset(ob, 0x7f, (size_t)T * H * kl * 4);
     int rc = gk_mla_attn_gemm(dq, dl, dd, dn, dt, dp, T, dpos, pos0, H, kl, P, K, (float)scale, ob);
     double err = INFINITY;
     if (rc == 1) { printf("mla gemm form: not in this build\n"); break; }
     if (!rc && !gk_d2h(got, ob, (size_t)T * H * kl * 4)) err = rel(got, ref, (size_t)T * H * kl);
-    const double tol = tf ? 3e-3 : 1e-5;
-    CHECK(rc == 0, "mla gemm: %s", gk_error());
-    CHECK(err <= tol, "mla gemm H%d kl%d P%d K%d pos0 %d T%d %s: err %g > %g", H, kl, P, K, pos0, T, tf ? "tf32" : "fp32", err, tol);
-    printf("mla gemm form H%d kl%d P%d K%-4d pos0 %-4d T%-3d %s err %-10.3g tol %-6.0e %s\n", H, kl, P, K, pos0, T,
-           tf ? "tf32" : "fp32", err, tol, err <= tol ? "ok" : "FAIL");
+    const double tol = tf == GK_MLA_TF32 ? 3e-3 : 1e-5;
+    const char *nm = gk_mla_math() == tf ? gk_mla_math_name(tf) : "bf16x9 not offered: fp32";
+    CHECK(rc == 0, "mla gemm %s: %s", nm, gk_error());
+    CHECK(err <= tol, "mla gemm H%d kl%d P%d K%d pos0 %d T%d %s: err %g > %g", H, kl, P, K, pos0, T, nm, err, tol);
+    printf("mla gemm form H%d kl%d P%d K%-4d pos0 %-4d T%-3d %-8s err %-10.3g tol %-6.0e %s\n", H, kl, P, K, pos0, T, nm, err,
+           tol, err <= tol ? "ok" : "FAIL");
   }
-  gk_set_mla_tf32(-1);
+  gk_set_mla_math(-1);
   free(hq); free(hl); free(dense); free(np); free(tail); free(pools); free(got); free(ref); free(rows); free(sc); free(o);
   gk_free(dq); gk_free(dl); gk_free(dd); gk_free(dn); gk_free(dt); gk_free(dp); gk_free(dpos); gk_free(ob);
 }
@@ -862,7 +865,8 @@ int main(void) {
     kda_gated_case(NAN, 6);
     kda_gated_case(-5.0f, 70); /* the decay computed first, tiles copied asynchronously */
     kda_gated_case(NAN, 70);
-    mhc_post_moe_case();
+    mhc_post_moe_case(300);
+    mhc_post_moe_case(512);
   }
   gk_force_pdl_off(0);
   gk_set_gemv_xs(-1);
@@ -888,11 +892,14 @@ int main(void) {
   moe_sort_case(1000, 37);
   moe_sort_case(32768, 288); /* a 4096-token chunk of the release shape */
   moe_sort_case(7, 5);
-  moe_gemm_case(WMAT_BF16, 0, 0);
-  moe_gemm_case(WMAT_BF16, 0, 1);
-  moe_gemm_case(WMAT_Q4, 32, 1);
-  moe_gemm_case(WMAT_Q8, 64, 0);
+  moe_gemm_case(WMAT_BF16, 0, 0, 256);
+  moe_gemm_case(WMAT_BF16, 0, 1, 256);
+  moe_gemm_case(WMAT_BF16, 0, 1, 254); /* rows not float4-aligned: the per-element gather */
+  moe_gemm_case(WMAT_Q4, 32, 1, 256);
+  moe_gemm_case(WMAT_Q8, 64, 0, 256);
   mla_gemm_case(4, 64, 4, 16, 0, 200);   /* prefix rows (no gather), then gathered; 1-row-per-thread softmax */
+  mla_gemm_case(2, 32, 4, 150, 0, 620);  /* a long prefix in sub-chunks of 1/8, then gathered */
+  mla_gemm_case(3, 32, 4, 100, 37, 400); /* a prefix starting mid-cache */
   mla_gemm_case(2, 64, 4, 150, 700, 30); /* gathered, 604 padded rows */
   mla_gemm_case(2, 32, 4, 300, 1300, 9); /* 1204 */
   mla_gemm_case(2, 32, 4, 600, 2500, 5); /* 2404 */

@@ -56,7 +56,7 @@ void gk_kprof_mark(const char *what);
  * in-house GEMV (per-token arithmetic independent of n, so a token gives the
  * same bits in prefill and decode); n >= gk_gemm_min() uses cuBLAS. */
 int gk_matmul(const gpu_mat *W, const float *x, int n, int ldx, float *y, int ldy);
-int gk_gemm_min(void);              /* $GLM53_GPU_GEMM_MIN, default 32 */
+int gk_gemm_min(void);              /* $GLM53_GPU_GEMM_MIN, default 8 */
 int gk_have_blas(void);             /* 1 when built with cuBLAS/hipBLAS */
 void gk_set_gemm_min(int n);        /* tests: n <= 0 restores the default */
 /* GEMV kernel (bench/tests): 3 = the default v3 (chunked, split-K by shape,
@@ -233,10 +233,14 @@ int gk_mla_nsplit(int maxN, int chunk);
  * not available in this build (no BLAS): use gk_mla_attn then. */
 int gk_mla_attn_gemm(const float *qt, const float *latent, const int *dense, const int *npools, const int *tail,
                      const int *pools, int T, const int *dpos, int pos0, int H, int kl, int P, int K, float scale, float *ob);
-/* whether gk_mla_attn_gemm's GEMMs use TF32 tensor cores (GLM53_GPU_MLA_TF32=1;
- * fp32 by default), and the switch (tests and bench; -1: the environment) */
-int gk_mla_tf32(void);
-void gk_set_mla_tf32(int on);
+/* gk_mla_attn_gemm's GEMM arithmetic (GLM53_GPU_MLA_MATH=fp32|tf32|bf16x9):
+ * fp32-accurate bf16x9 emulation on the tensor cores by default (fp32 where
+ * cuBLAS lacks it, and on HIP), plain fp32, or TF32 (opt-in: ~3e-4
+ * relative error); the switch for tests and bench (-1: the environment) */
+enum { GK_MLA_FP32 = 0, GK_MLA_TF32 = 1, GK_MLA_BF16X9 = 2 };
+int gk_mla_math(void);
+void gk_set_mla_math(int mode);
+const char *gk_mla_math_name(int mode);
 
 /* ---- MoE ---- */
 int gk_moe_route(const float *logits, const float *bias, int T, int E, int k, int G, int topk_group, int norm,

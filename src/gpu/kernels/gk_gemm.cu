@@ -137,7 +137,7 @@ static int g_gemm_min = -1;
 extern "C" int gk_gemm_min(void) {
   if (g_gemm_min < 0) {
     const char *e = getenv("GLM53_GPU_GEMM_MIN");
-    g_gemm_min = e && atoi(e) > 0 ? atoi(e) : 32;
+    g_gemm_min = e && atoi(e) > 0 ? atoi(e) : 8; /* measured crossover, docs/gpu.md "Measured in the fifth session" */
   }
   return g_gemm_min;
 }

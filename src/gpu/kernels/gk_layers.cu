@@ -299,18 +299,57 @@ __device__ __forceinline__ float moe_sum(float acc, const float *eo, const int *
   return acc;
 }
 
+/* moe_sum's order once for a block whose elements are all of token t: ord
+ * = the pairs moe_sum adds (the first pair of each distinct expert id >= 0),
+ * by ascending id; returns their count */
+__device__ __forceinline__ int moe_order(const int *idx, int t, int k, int *ord) {
+  __shared__ int nv;
+  const int *id = idx + (size_t)t * k;
+  if (threadIdx.x == 0) nv = 0;
+  __syncthreads();
+  if ((int)threadIdx.x < k) {
+    const int j = threadIdx.x, e = id[j];
+    bool ok = e >= 0;
+    for (int q = 0; q < j && ok; q++) ok = id[q] != e;
+    if (ok) {
+      int rank = 0;
+      for (int q = 0; q < k; q++) { /* distinct ids below e, each counted once */
+        bool first = id[q] >= 0 && id[q] < e;
+        for (int r = 0; r < q && first; r++) first = id[r] != id[q];
+        rank += first;
+      }
+      ord[rank] = j;
+      atomicAdd(&nv, 1);
+    }
+  }
+  __syncthreads();
+  return nv;
+}
+
 template <bool MOE>
 __global__ void mhc_post_k(float *X, const float *a, const float *eo, const int *erow, const int *idx, const float *wt, int k,
                            const float *post, const float *comb, int T, int hc, int D) {
   GK_PDL_BEGIN();
+  __shared__ int ord[64];
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  int t = (int)(i / D), d = (int)(i % D), nv = -1;
+  if (MOE && k <= 64) { /* a block within one token: the combine order once, in shared memory */
+    const size_t b0 = blockIdx.x * (size_t)blockDim.x, b1 = min(b0 + blockDim.x, (size_t)T * D) - 1;
+    if (b0 / D == b1 / D) nv = moe_order(idx, (int)(b0 / D), k, ord);
+  }
   if (i >= (size_t)T * D) return;
-  int t = (int)(i / D), d = (int)(i % D);
   float old[MAX_HC];
   float *Xt = X + (size_t)t * hc * D;
   for (int g = 0; g < hc; g++) old[g] = Xt[(size_t)g * D + d];
   float y = a[(size_t)t * D + d];
-  if (MOE) y = moe_sum(y, eo, erow, idx, wt, t, k, D, d);
+  if (MOE && nv >= 0) {
+    for (int r = 0; r < nv; r++) { /* moe_sum's additions, same order */
+      const size_t p = (size_t)t * k + ord[r];
+      y += wt[p] * eo[(erow ? (size_t)erow[p] : p) * D + d];
+    }
+  } else if (MOE) {
+    y = moe_sum(y, eo, erow, idx, wt, t, k, D, d);
+  }
   const float *cb = comb + (size_t)t * hc * hc;
   for (int h = 0; h < hc; h++) {
     float acc = post[t * hc + h] * y;

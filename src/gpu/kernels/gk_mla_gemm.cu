@@ -13,25 +13,38 @@
  * order and the tail follows it), so G_t is the cache itself (stride 0, no
  * copy; the padding rows are cache rows of this chunk, finite, weighted 0);
  * otherwise the rows are gathered per token into a scratch buffer.
- * The GEMMs run in fp32 by default (results within fp32 rounding of
- * gk_mla_attn; not bitwise: another summation order), on TF32 tensor cores
- * when asked (gk_mla_tf32: within ~1e-3). The softmax
+ * The GEMMs' arithmetic is fp32-accurate by default (gk_mla_math below:
+ * results within fp32 rounding of gk_mla_attn; not bitwise: another
+ * summation order), or TF32 when asked (within ~1e-3). The softmax
  * holds a row in registers (one read and one write of S). */
 #include "gk_common.cuh"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* TF32 tensor cores for the two GEMMs (inputs rounded to 10-bit
- * mantissas, fp32 accumulation) with GLM53_GPU_MLA_TF32=1 or
- * gk_set_mla_tf32(1); fp32 by default: TF32's ~3e-4 relative error in the
- * attention output flips near-tied routing and top-k choices of the test
- * models (forward test: 0.27 of the logits' range vs the CPU) */
-static int g_tf32 = -1;
-extern "C" void gk_set_mla_tf32(int on) { g_tf32 = on < 0 ? -1 : on != 0; }
-extern "C" int gk_mla_tf32(void) {
-  if (g_tf32 < 0) g_tf32 = getenv("GLM53_GPU_MLA_TF32") && !strcmp(getenv("GLM53_GPU_MLA_TF32"), "1");
-  return g_tf32;
+/* The GEMMs' arithmetic (GLM53_GPU_MLA_MATH=fp32|tf32|bf16x9, or
+ * gk_set_mla_math): GK_MLA_BF16X9 (default) fp32 emulated with three bf16
+ * terms per input on the tensor cores (cuBLAS
+ * CUBLAS_COMPUTE_32F_EMULATED_16BFX9: fp32-level error, 1e-7 in the kernel
+ * test; falls back to fp32 where cuBLAS does not offer it); GK_MLA_FP32
+ * plain SGEMM; GK_MLA_TF32 TF32 tensor cores (inputs rounded to 10-bit
+ * mantissas): fastest, but its ~3e-4 relative error in the attention output
+ * flips near-tied routing and top-k choices of the test models (forward
+ * test: 0.27 of the logits' range vs the CPU), so opt-in only. */
+static int g_math = -1;
+extern "C" void gk_set_mla_math(int mode) { g_math = mode < 0 || mode > GK_MLA_BF16X9 ? -1 : mode; }
+extern "C" int gk_mla_math(void) {
+  if (g_math < 0) {
+    const char *e = getenv("GLM53_GPU_MLA_MATH");
+    g_math = e && !strcmp(e, "fp32") ? GK_MLA_FP32 : e && !strcmp(e, "tf32") ? GK_MLA_TF32 : GK_MLA_BF16X9;
+#if GK_HIP
+    if (g_math == GK_MLA_BF16X9) g_math = GK_MLA_FP32; /* no such compute type in hipBLAS */
+#endif
+  }
+  return g_math;
+}
+extern "C" const char *gk_mla_math_name(int mode) {
+  return mode == GK_MLA_TF32 ? "tf32" : mode == GK_MLA_BF16X9 ? "bf16x9" : "fp32";
 }
 
 #if GK_HAVE_BLAS
@@ -181,6 +194,11 @@ extern "C" int gk_mla_attn_gemm(const float *qt, const float *latent, const int 
     if (prefix) {
       tc = prefix_until - (pos0 + t0);
       if (tc > T - t0) tc = T - t0;
+      /* the rows past a token's own pos + 1 are computed and weighted 0:
+       * sub-chunks of at most 1/8 of the prefix (32 tokens at least) keep
+       * that padding under ~6% of the work */
+      const int most = (pos0 + t0) / 8 > 32 ? (pos0 + t0) / 8 : 32;
+      if (tc > most) tc = most;
       Npad = pos0 + t0 + tc; /* pos + 1 rows at most; never past the cache rows written */
     } else {
       tc = T - t0;
@@ -202,18 +220,38 @@ extern "C" int gk_mla_attn_gemm(const float *qt, const float *latent, const int 
       strideA = (long long)Npad * kl;
     }
     const float one = 1.f, zero = 0.f;
-    const cublasComputeType_t ct = gk_mla_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    const int mode = gk_mla_math();
+#if GK_HIP
+    cublasComputeType_t ct = mode == GK_MLA_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+#else
+    cublasComputeType_t ct = mode == GK_MLA_TF32     ? CUBLAS_COMPUTE_32F_FAST_TF32
+                             : mode == GK_MLA_BF16X9 ? CUBLAS_COMPUTE_32F_EMULATED_16BFX9
+                                                     : CUBLAS_COMPUTE_32F;
+#endif
+    /* a batch of one GEMM per token; tokens over a shared cache prefix
+     * (stride 0) are one GEMM of tc * H columns: the q~ rows, S rows and
+     * outputs of consecutive tokens are adjacent */
+    const int nb = prefix ? 1 : tc, nh = prefix ? tc * H : H;
     /* column-major: S_t^T [Npad x H] = G_t [Npad x kl] (row-major G is kl x Npad col-major: OP_T) x q~_t^T [kl x H] */
-    if (cublasGemmStridedBatchedEx(g_h, CUBLAS_OP_T, CUBLAS_OP_N, Npad, H, kl, &one, A, CUDA_R_32F, kl, strideA,
-                                   qt + (size_t)t0 * H * kl, CUDA_R_32F, kl, (long long)H * kl, &zero, S, CUDA_R_32F, Npad,
-                                   (long long)H * Npad, tc, ct, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
-      return gk_fail("mla gemm: scores GEMM failed (%d x %d x %d, batch %d)", Npad, H, kl, tc);
+    auto scores = [&]() {
+      return cublasGemmStridedBatchedEx(g_h, CUBLAS_OP_T, CUBLAS_OP_N, Npad, nh, kl, &one, A, CUDA_R_32F, kl, strideA,
+                                        qt + (size_t)t0 * H * kl, CUDA_R_32F, kl, (long long)H * kl, &zero, S, CUDA_R_32F,
+                                        Npad, (long long)H * Npad, nb, ct, CUBLAS_GEMM_DEFAULT);
+    };
+    cublasStatus_t st = scores();
+    if (st != CUBLAS_STATUS_SUCCESS && mode == GK_MLA_BF16X9) { /* emulation not offered here: fp32 from now on */
+      fprintf(stderr, "glm53 warn: gpu: cuBLAS has no bf16x9-emulated fp32 GEMM on this device; MLA GEMM form in fp32\n");
+      g_math = GK_MLA_FP32;
+      ct = CUBLAS_COMPUTE_32F;
+      st = scores();
+    }
+    if (st != CUBLAS_STATUS_SUCCESS) return gk_fail("mla gemm: scores GEMM failed (%d x %d x %d, batch %d)", Npad, nh, kl, nb);
     if (GK_LAUNCHED("mla scores gemm") || softmax(S, dense, npools, tail, dpos, t0, tc, H, P, Npad, scale)) return -1;
     /* o_t^T [kl x H] = G_t^T [kl x Npad] x P_t^T [Npad x H] */
-    if (cublasGemmStridedBatchedEx(g_h, CUBLAS_OP_N, CUBLAS_OP_N, kl, H, Npad, &one, A, CUDA_R_32F, kl, strideA, S,
+    if (cublasGemmStridedBatchedEx(g_h, CUBLAS_OP_N, CUBLAS_OP_N, kl, nh, Npad, &one, A, CUDA_R_32F, kl, strideA, S,
                                    CUDA_R_32F, Npad, (long long)H * Npad, &zero, ob + (size_t)t0 * H * kl, CUDA_R_32F, kl,
-                                   (long long)H * kl, tc, ct, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
-      return gk_fail("mla gemm: output GEMM failed (%d x %d x %d, batch %d)", kl, H, Npad, tc);
+                                   (long long)H * kl, nb, ct, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
+      return gk_fail("mla gemm: output GEMM failed (%d x %d x %d, batch %d)", kl, nh, Npad, nb);
     if (GK_LAUNCHED("mla output gemm")) return -1;
     t0 += tc;
   }
