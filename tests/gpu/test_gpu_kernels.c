@@ -226,8 +226,8 @@ static int dsame(const float *a, const float *b, size_t n) {
 /* gk_matmul_multi (7 Q4 products: two launches; other formats; a product
  * with its own x; a fused gate+up entry) and gk_gate_up against separate
  * gk_matmul / gk_swiglu, n = 1..9 */
-static void multi_case(void) {
-  enum { NP = 12, D = 4096, NMAX = 9 };
+static void multi_case(int NMIN, int NMAX) {
+  enum { NP = 12, D = 4096 };
   static const int spec[NP][3] = {{WMAT_Q4, 301, 32}, {WMAT_Q4, 37, 32}, {WMAT_Q4, 3, 64}, {WMAT_Q4, 64, 32},
                                   {WMAT_Q4, 9, 128},  {WMAT_Q4, 130, 32}, {WMAT_Q4, 1, 32}, {WMAT_BF16, 70, 0},
                                   {WMAT_F32, 24, 0},  {WMAT_Q8, 130, 32}, {WMAT_BF16, 5, 0}, {WMAT_Q4, 96, 32}};
@@ -243,7 +243,7 @@ static void multi_case(void) {
     y2[i] = gk_malloc((size_t)NMAX * (rows + 3) * 4);
   }
   int rc = 0, bits = 1;
-  for (int n = 1; n <= NMAX; n++) {
+  for (int n = NMIN; n <= NMAX; n += n < 9 ? 1 : 24) {
     gk_prod p[NP + 1];
     for (int i = 0; i < NP; i++) {
       p[i] = (gk_prod){.W = &m[i].g, .y = y1[i], .ldy = m[i].g.rows + (i == NP - 1 ? 0 : 3)};
@@ -273,8 +273,8 @@ static void multi_case(void) {
   }
   CHECK(rc == 0, "multi-product launch: %s", gk_error());
   CHECK(bits, "multi-product / fused gate+up launches differ from the separate products");
-  printf("gemv multi-product launch (13 products, 4 formats, own x, fused gate+up), n=1..9: bitwise %s\n",
-         bits ? "yes" : "NO");
+  printf("%s multi-product launch (13 products, 4 formats, own x, fused gate+up), n=%d..%d: bitwise %s\n",
+         NMIN >= gk_gemm_min() ? "cuBLAS (one bf16 conversion of the shared x)" : "gemv", NMIN, NMAX, bits ? "yes" : "NO");
   for (int i = 0; i <= NP; i++) { gk_free(y1[i]); gk_free(y2[i]); tmat_free(&m[i]); }
   tmat_free(&own);
   gk_free(dx); gk_free(dxo); gk_free(du);
@@ -441,8 +441,8 @@ static void mhc_pre_case(int T, int D) {
  * conv states): nseg segments of len tokens each (len <= 4: the one-launch
  * form that also writes the states; longer: conv+prep, then the state
  * kernel), K = 4 */
-static void kda_conv_prep_case(int nseg, int len, int H, int hd) {
-  const int K = 4, inner = H * hd, ch = 3 * inner, T = nseg * len;
+static void kda_conv_prep_case(int nseg, int len, int H, int hd, int K) {
+  const int inner = H * hd, ch = 3 * inner, T = nseg * len;
   float *hs = NULL;
   float *raw = dvec((size_t)T * ch, -2, 2, NULL), *w = dvec((size_t)ch * K, -0.5f, 0.5f, NULL);
   float *st1 = dvec((size_t)nseg * (K - 1) * ch, -1, 1, &hs), *st2 = dcopy(hs, (size_t)nseg * (K - 1) * ch * 4);
@@ -470,8 +470,8 @@ static void kda_conv_prep_case(int nseg, int len, int H, int hd) {
   const int bits = !rc && dsame(o1, o2, (size_t)T * ch) && dsame(st1, st2, (size_t)nseg * (K - 1) * ch);
   CHECK(rc == 0, "kda conv+prep: %s", gk_error());
   CHECK(bits, "kda conv+prep (%d x %d tokens, hd %d) differs from conv then prep", nseg, len, hd);
-  printf("kda conv+prep fused, %d segment(s) of %d token(s), H %d, hd %d: outputs and conv states bitwise %s\n", nseg, len,
-         H, hd, bits ? "yes" : "NO");
+  printf("kda conv+prep fused, %d segment(s) of %d token(s), H %d, hd %d, %d taps: outputs and conv states bitwise %s\n", nseg,
+         len, H, hd, K, bits ? "yes" : "NO");
   free(hs); free(ls); free(seg); free(ts);
   gk_free(raw); gk_free(w); gk_free(st1); gk_free(st2); gk_free(o1); gk_free(o2); gk_free(dls); gk_free(dseg);
   gk_free(tseg);
@@ -854,7 +854,7 @@ int main(void) {
     gk_set_gemv_xs(pdl ? 2 : 0);
     printf("-- fused launches, PDL %s, x staging %s\n", pdl && gk_pdl_supported() ? "on" : "off", pdl ? "Q8+Q4" : "off");
     gk_set_gemm_min(1 << 30);
-    multi_case();
+    multi_case(1, 9);
     grouped_case(WMAT_Q4, 32, 256, 1024);
     grouped_case(WMAT_Q4, 128, 70, 2048);
     grouped_case(WMAT_Q8, 32, 96, 1024);
@@ -877,10 +877,13 @@ int main(void) {
   kda_tiles_case(45, 32, 3, 40);
   kda_tiles_case(40, 27, 1, 256);
   kda_tiles_case(33, 20, 2, 30);
-  kda_conv_prep_case(3, 1, 4, 64);  /* decode: one launch, states written by it */
-  kda_conv_prep_case(2, 3, 3, 40);  /* short segments, still one launch */
-  kda_conv_prep_case(2, 37, 2, 128); /* prefill: conv+prep, then the state kernel */
-  kda_conv_prep_case(1, 2, 1, 256);
+  kda_conv_prep_case(3, 1, 4, 64, 4);  /* decode: one launch, states written by it */
+  kda_conv_prep_case(2, 3, 3, 40, 4);  /* short segments, still one launch */
+  kda_conv_prep_case(2, 37, 2, 128, 4); /* prefill: conv+prep, then the state kernel */
+  kda_conv_prep_case(3, 21, 2, 40, 3); /* prefill, 3 taps */
+  kda_conv_prep_case(2, 20, 1, 32, 2); /* 2 taps */
+  kda_conv_prep_case(2, 9, 1, 64, 6);  /* 6 taps */
+  kda_conv_prep_case(1, 2, 1, 256, 4);
   mhc_pre_case(3, 8196);
   mhc_pre_case(2, 302);
   mhc_pre_case(2, 4096);
@@ -889,6 +892,7 @@ int main(void) {
   select_case(70, 16);
   select_case(5000, 512); /* rank count (past 4096 pools) */
   heads_case();
+  multi_case(gk_gemm_min(), 33); /* the cuBLAS path: n = 8, 9 (default crossover) and 33 */
   moe_sort_case(1000, 37);
   moe_sort_case(32768, 288); /* a 4096-token chunk of the release shape */
   moe_sort_case(7, 5);

@@ -541,6 +541,14 @@ __global__ void dequant_bf16_k(gpu_mat W, __nv_bfloat16 *o) {
   o[i] = __float2bfloat16(wl1_any(W, i / W.cols, (int)(i % W.cols)));
 }
 
+/* x [n][cols] (ldx apart) as dense bf16 rows in the g_xb scratch */
+static const __nv_bfloat16 *x_bf16(const float *x, int n, int cols, int ldx) {
+  __nv_bfloat16 *xb = (__nv_bfloat16 *)scratch(&g_xb, (size_t)n * cols * 2);
+  if (xb) gk_launch(to_bf16_k, gk_blocks((size_t)n * cols, 256), 256, 0, x, n, cols, ldx, xb);
+  return xb;
+}
+static int gemm_xb(const gpu_mat *W, const __nv_bfloat16 *xb, int n, float *y, int ldy);
+
 static int gemm(const gpu_mat *W, const float *x, int n, int ldx, float *y, int ldy) {
   const float one = 1.f, zero = 0.f;
   if (W->fmt == GF_F32) {
@@ -549,9 +557,13 @@ static int gemm(const gpu_mat *W, const float *x, int n, int ldx, float *y, int 
       return gk_fail("cublasSgemm failed (%d x %d x %d)", W->rows, n, W->cols);
     return GK_LAUNCHED("sgemm");
   }
-  __nv_bfloat16 *xb = (__nv_bfloat16 *)scratch(&g_xb, (size_t)n * W->cols * 2);
-  if (!xb) return -1;
-  gk_launch(to_bf16_k, gk_blocks((size_t)n * W->cols, 256), 256, 0, x, n, W->cols, ldx, xb);
+  const __nv_bfloat16 *xb = x_bf16(x, n, W->cols, ldx);
+  return xb ? gemm_xb(W, xb, n, y, ldy) : -1;
+}
+
+/* y = xb . W^T for bf16 rows xb [n][W cols] (quantized W dequantised) */
+static int gemm_xb(const gpu_mat *W, const __nv_bfloat16 *xb, int n, float *y, int ldy) {
+  const float one = 1.f, zero = 0.f;
   const void *wb = W->d;
   if (W->fmt != GF_BF16) { /* quantized: dequantize to bf16 once per call (prefill only) */
     __nv_bfloat16 *t = (__nv_bfloat16 *)scratch(&g_wb, (size_t)W->rows * W->cols * 2);
@@ -611,8 +623,46 @@ extern "C" int gk_matmul(const gpu_mat *W, const float *x, int n, int ldx, float
 }
 
 
+#if GK_HAVE_BLAS
+/* the cuBLAS path of gk_matmul_multi: the products of the shared x (bf16 or
+ * quantized weights) take one bf16 conversion of it; the others go through
+ * gk_matmul / gk_gate_up (which convert their own x). Same results as one
+ * gk_matmul per product. */
+static int multi_blas(const gk_prod *p, int np, const float *x, int n, int ldx) {
+  int have = -1; /* columns of x now in g_xb, -1: none */
+  const __nv_bfloat16 *xb = NULL;
+  for (int i = 0; i < np; i++) {
+    const gpu_mat *W = p[i].W, *W2 = p[i].W2;
+    const int shared = !p[i].x && W->fmt != GF_F32 && (!W2 || (W2->fmt != GF_F32 && W2->cols == W->cols));
+    if (!shared) {
+      const float *xi = p[i].x ? p[i].x : x;
+      const int li = p[i].x ? p[i].ldx : ldx;
+      if (W2 ? gk_gate_up(W, W2, xi, n, li, p[i].y, p[i].u, p[i].limit) : gk_matmul(W, xi, n, li, p[i].y, p[i].ldy)) return -1;
+      have = -1; /* g_xb may hold another x now */
+      continue;
+    }
+    if (have != W->cols) {
+      if (!(xb = x_bf16(x, n, W->cols, ldx))) return -1;
+      have = W->cols;
+    }
+    if (!W2) {
+      if (gemm_xb(W, xb, n, p[i].y, p[i].ldy)) return -1;
+      continue;
+    }
+    if (p[i].ldy != W->rows) return gk_fail("matmul: fused gate/up output stride %d", p[i].ldy);
+    if (gemm_xb(W, xb, n, p[i].y, W->rows) || gemm_xb(W2, xb, n, p[i].u, W->rows) ||
+        gk_swiglu(p[i].y, p[i].u, (size_t)n * W->rows, p[i].limit))
+      return -1;
+  }
+  return 0;
+}
+#endif
+
 extern "C" int gk_matmul_multi(const gk_prod *p, int np, const float *x, int n, int ldx) {
   if (n <= 0 || np <= 0) return 0;
+#if GK_HAVE_BLAS
+  if (use_blas(n)) return multi_blas(p, np, x, n, ldx);
+#endif
   if (use_blas(n) || gemv_ver() < 3 || np > 16) {
     for (int i = 0; i < np; i++) {
       const float *xi = p[i].x ? p[i].x : x;
@@ -635,6 +685,12 @@ extern "C" int gk_gate_up(const gpu_mat *Wg, const gpu_mat *Wu, const float *x, 
                           float limit) {
   if (n <= 0) return 0;
   const int I = Wg->rows;
+#if GK_HAVE_BLAS
+  if (use_blas(n) && Wg->fmt != GF_F32 && Wu->fmt != GF_F32 && Wg->cols == Wu->cols) { /* one conversion of x */
+    const gk_prod p = {.W = Wg, .y = g, .ldy = I, .W2 = Wu, .u = u, .limit = limit};
+    return multi_blas(&p, 1, x, n, ldx);
+  }
+#endif
   if (use_blas(n) || gemv_ver() < 3) {
     if (gk_matmul(Wg, x, n, ldx, g, I) || gk_matmul(Wu, x, n, ldx, u, I)) return -1;
     return gk_swiglu(g, u, (size_t)n * I, limit);
