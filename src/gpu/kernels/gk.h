@@ -149,7 +149,7 @@ int gk_mhc_post(float *X, const float *a, const float *post, const float *comb, 
 /* the same after a MoE: a = a (shared expert) + the routed outputs eo
  * weighted by wt in ascending expert id, as gk_moe_combine adds them (same
  * bits, one launch less). Pair p's output is row p of eo, or with erow !=
- * NULL row erow[p] (gk_moe_sort's slots, for gk_moe_experts_gemm). */
+ * NULL row erow[p] (the slots gk_moe_experts_gemm wrote). */
 int gk_mhc_post_moe(float *X, const float *a, const float *eo, const int *erow, const int *idx, const float *wt, int k,
                     const float *post, const float *comb, int T, int hc, int D);
 /* mean over streams + final rmsnorm for rows [first, T) */
@@ -225,7 +225,7 @@ void gk_set_mla_kernel(int hs);
  * the core in use, and the part count for selections of up to maxN rows */
 int gk_mla_split_tile(int kl);
 int gk_mla_nsplit(int maxN, int chunk);
-/* The same attention for long chunks through cuBLAS GEMMs (TF32 or fp32)
+/* The same attention for long chunks through cuBLAS GEMMs (fp32-accurate, or TF32)
  * (gk_mla_gemm.cu): all heads of a token share its selected rows. pos0: the
  * chunk's first position (host copy of *dpos). One sequence: latent is its
  * cache, dpos its pos0 on the device (in a forward: &seg[0].pos0 of the
