@@ -776,11 +776,10 @@ static int moe_dev(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
     return gk_experts_grouped(G->d_exp, 2, 0, 0.f, G->efmt, D, I, A->grp, A->idx, np, E, k, 0, A->pg, I, A->eo, D, NULL);
   }
   if (G->efmt != WMAT_F32 && gk_have_blas()) { /* prefill: pairs sorted by expert on the device, bf16 GEMMs */
-    int *hoff = xmalloc(((size_t)E + 1) * sizeof(int));
+    int hoff[513]; /* E <= 512 (check_dims) */
     int rc = gk_moe_sort(A->idx, np, E, A->prow, A->eoff) || gk_d2h(hoff, A->eoff, ((size_t)E + 1) * sizeof(int)) ||
              gk_moe_experts_gemm(G->h_exp, E, hoff, A->eoff, A->prow, A->idx, k, A->y, D, D, I, lim, A->pg, A->pu, A->eo,
                                  A->trow);
-    free(hoff);
     A->erow = A->trow;
     return rc ? -1 : 0;
   }

@@ -17,6 +17,13 @@ enum { GF_F32 = 1, GF_BF16 = 2, GF_Q8 = 3, GF_Q4 = 4 };
 
 /* set the module error (host); returns -1 */
 int gk_fail(const char *fmt, ...);
+#if GK_HAVE_BLAS
+/* gk_gemm.cu: the one cuBLAS handle (created by gk_init, on the kernels'
+ * stream; NULL before), and the dequantisation of a weight matrix to dense
+ * bf16 rows (launched on that stream) for the cuBLAS paths of other files */
+cublasHandle_t gk_blas_handle(void);
+void gk_dequant_bf16(const gpu_mat *W, __nv_bfloat16 *out);
+#endif
 /* check a CUDA call; returns -1 with context on failure */
 #define GK_TRY(call)                                                                        \
   do {                                                                                      \

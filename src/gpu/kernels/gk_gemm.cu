@@ -541,6 +541,11 @@ __global__ void dequant_bf16_k(gpu_mat W, __nv_bfloat16 *o) {
   o[i] = __float2bfloat16(wl1_any(W, i / W.cols, (int)(i % W.cols)));
 }
 
+cublasHandle_t gk_blas_handle(void) { return g_blas_ok ? g_blas : NULL; }
+void gk_dequant_bf16(const gpu_mat *W, __nv_bfloat16 *out) {
+  gk_launch(dequant_bf16_k, gk_blocks((size_t)W->rows * W->cols, 256), 256, 0, *W, out);
+}
+
 /* x [n][cols] (ldx apart) as dense bf16 rows in the g_xb scratch */
 static const __nv_bfloat16 *x_bf16(const float *x, int n, int cols, int ldx) {
   __nv_bfloat16 *xb = (__nv_bfloat16 *)scratch(&g_xb, (size_t)n * cols * 2);
@@ -568,7 +573,7 @@ static int gemm_xb(const gpu_mat *W, const __nv_bfloat16 *xb, int n, float *y, i
   if (W->fmt != GF_BF16) { /* quantized: dequantize to bf16 once per call (prefill only) */
     __nv_bfloat16 *t = (__nv_bfloat16 *)scratch(&g_wb, (size_t)W->rows * W->cols * 2);
     if (!t) return -1;
-    gk_launch(dequant_bf16_k, gk_blocks((size_t)W->rows * W->cols, 256), 256, 0, *W, t);
+    gk_dequant_bf16(W, t);
     wb = t;
   }
   if (cublasGemmEx(g_blas, CUBLAS_OP_T, CUBLAS_OP_N, W->rows, n, W->cols, &one, wb, CUDA_R_16BF, W->cols, xb,
@@ -592,9 +597,8 @@ static int heads_batched(const gpu_mat *W, int H, const float *x, int T, int ldx
         (const char *)W[h].d - (const char *)W[0].d != st * h)
       return 1;
   const int ld = H * ldx_head, rows = W[0].rows, cols = W[0].cols;
-  __nv_bfloat16 *xb = (__nv_bfloat16 *)scratch(&g_xb, (size_t)T * ld * 2);
+  const __nv_bfloat16 *xb = x_bf16(x, T, ld, ld);
   if (!xb) return -1;
-  gk_launch(to_bf16_k, gk_blocks((size_t)T * ld, 256), 256, 0, x, T, ld, ld, xb);
   const float one = 1.f, zero = 0.f;
   if (cublasGemmStridedBatchedEx(g_blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, T, cols, &one, W[0].d, CUDA_R_16BF, cols, st / 2, xb,
                                  CUDA_R_16BF, ld, ldx_head, &zero, y, CUDA_R_32F, H * ldy_head, ldy_head, H,

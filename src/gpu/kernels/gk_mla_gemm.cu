@@ -48,8 +48,7 @@ extern "C" const char *gk_mla_math_name(int mode) {
 }
 
 #if GK_HAVE_BLAS
-static cublasHandle_t g_h;
-static int g_h_ok;
+static cublasHandle_t g_h; /* gk_blas_handle(), fetched per call */
 static void *g_buf;
 static size_t g_buf_n;
 
@@ -162,13 +161,7 @@ static int softmax(float *S, const int *dense, const int *npools, const int *tai
 }
 
 static int blas(void) {
-  if (g_h_ok) return 0;
-  if (cublasCreate(&g_h) != CUBLAS_STATUS_SUCCESS) return gk_fail("mla gemm: cuBLAS initialisation failed");
-#if !GK_HIP
-  cublasSetStream(g_h, cudaStreamPerThread);
-#endif
-  g_h_ok = 1;
-  return 0;
+  return (g_h = gk_blas_handle()) ? 0 : gk_fail("mla gemm: cuBLAS not initialised (gk_init)");
 }
 #endif
 

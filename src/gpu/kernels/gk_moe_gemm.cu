@@ -103,8 +103,6 @@ extern "C" int gk_moe_sort(const int *idx, int np, int E, int *perm, int *off) {
 }
 
 #if GK_HAVE_BLAS
-/* for each compact slot s (expert e, padded row r = poff[e] + s - off[e]):
- * xs[r][:] = bf16(x[pair / k][:]) and erow[pair] = r; one block per slot */
 /* fp32 -> bf16 bits, round to nearest even (__float2bfloat16's result) */
 __device__ __forceinline__ uint32_t bf16_bits(float f) {
   const uint32_t u = __float_as_uint(f);
@@ -112,6 +110,8 @@ __device__ __forceinline__ uint32_t bf16_bits(float f) {
   return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
 }
 
+/* for each compact slot s (expert e, padded row r = poff[e] + s - off[e]):
+ * xs[r][:] = bf16(x[pair / k][:]) and erow[pair] = r; one block per slot */
 template <bool V4>
 __global__ void moe_gather_bf16_k(const float *x, int ldx, const int *perm, const int *idx, const int *off, const int *poff,
                                   int k, int D, __nv_bfloat16 *xs, int *erow) {
@@ -137,14 +137,7 @@ __global__ void moe_swiglu_bf16_k(const float *g, const float *u, size_t n, floa
   if (i < n) h[i] = __float2bfloat16(swiglu1(g[i], u[i], limit));
 }
 
-__global__ void moe_dequant_bf16_k(gpu_mat W, __nv_bfloat16 *o) {
-  GK_PDL_BEGIN();
-  const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-  if (i < (size_t)W.rows * W.cols) o[i] = __float2bfloat16(wl1_any(W, i / W.cols, (int)(i % W.cols)));
-}
-
-static cublasHandle_t g_h;
-static int g_h_ok;
+static cublasHandle_t g_h; /* gk_blas_handle(), fetched per call of gk_moe_experts_gemm */
 static void *g_xs, *g_hb, *g_wq, *g_tab;
 static size_t g_xs_n, g_hb_n, g_wq_n, g_tab_n;
 
@@ -169,7 +162,7 @@ static int gemm_bf16_batched(const void *const *A, int rows, int cols, const voi
 static const void *as_bf16(const gpu_mat *W, int q, size_t slot) {
   if (W->fmt == GF_BF16) return W->d;
   __nv_bfloat16 *t = (__nv_bfloat16 *)g_wq + (size_t)q * slot;
-  gk_launch(moe_dequant_bf16_k, gk_blocks((size_t)W->rows * W->cols, 256), 256, 0, *W, t);
+  gk_dequant_bf16(W, t);
   return t;
 }
 
@@ -218,13 +211,7 @@ extern "C" int gk_moe_experts_gemm(const gpu_mat *h_exp, int E, const int *hoff,
   const int n = hoff[E];
   if (n <= 0) return 0;
   if (E > 512) return gk_fail("moe gemm: %d experts above 512", E);
-  if (!g_h_ok) {
-    if (cublasCreate(&g_h) != CUBLAS_STATUS_SUCCESS) return gk_fail("moe gemm: cuBLAS initialisation failed");
-#if !GK_HIP
-    cublasSetStream(g_h, cudaStreamPerThread);
-#endif
-    g_h_ok = 1;
-  }
+  if (!(g_h = gk_blas_handle())) return gk_fail("moe gemm: cuBLAS not initialised (gk_init)");
   const int quant = h_exp[0].fmt != GF_BF16;
   int ord[512], bst[513], poff[513];
   int nb = 0;
