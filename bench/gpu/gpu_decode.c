@@ -214,7 +214,7 @@ int main(int argc, char **argv) {
          dbytes / dt / 1e9, 100.0 * dbytes / dt / 1e9 / bw);
   /* prefill A/B within the run: the MLA GEMM form's other arithmetics */
   const int dflt = gk_mla_math();
-  for (int mode = GK_MLA_FP32; mode <= GK_MLA_BF16X9; mode++) {
+  for (int mode = GK_MLA_FP32; mode < GK_MLA_NMATH; mode++) {
     if (mode == dflt) continue;
     gk_set_mla_math(mode);
     glm53_session_reset(s);
@@ -224,6 +224,13 @@ int main(int argc, char **argv) {
            gk_mla_math_name(mode), gk_mla_math_name(dflt), gk_mla_math_name(mode), pms, NP / (pms * 1e-3));
   }
   gk_set_mla_math(-1);
+  /* prefill A/B: the KDA recurrence with 8 columns per warp instead of 4 */
+  gk_set_kda_cpw(8);
+  glm53_session_reset(s);
+  pms = run(s, tok, NP, logits);
+  glm53_gpu_profile_dump("prefill 4096 (variant)");
+  printf("prefill %d tokens, KDA recurrence with 8 columns per warp instead of 4 (GLM53_GPU_KDA_CPW=8): %.1f ms\n", NP, pms);
+  gk_set_kda_cpw(0);
   glm53_session_free(s);
   /* the MLA attention variants (docs/gpu.md): prefill without the GEMM form
    * (head-sharing core, then the per-head core), decode at 4K context with

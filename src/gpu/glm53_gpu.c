@@ -108,9 +108,9 @@ static void grun_free(grun *R) {
 }
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-/* MLA attention of long single-sequence chunks through cuBLAS
- * (gk_mla_attn_gemm): on unless GLM53_GPU_MLA_GEMM=0 or its startup check
- * failed */
+/* MLA attention and indexer scores of long single-sequence chunks through
+ * cuBLAS (gk_mla_attn_gemm, gk_indexer_scores_gemm): on unless
+ * GLM53_GPU_MLA_GEMM=0 or the attention's startup check failed */
 static int g_mla_gemm = -1;
 void glm53_gpu_set_mla_gemm(int on) { g_mla_gemm = on ? 1 : 0; }
 static int mla_gemm_on(void) {
@@ -642,10 +642,13 @@ static int kda_dev(const glm53_config *c, const gkda *w, const gk_batch *b, acts
 }
 
 /* maxpool: the score row stride; chunk / ns: the MLA split (run_forward) */
-/* hlat / pos0: the latent cache (device pointer) and first position of a
- * single-sequence forward (NULL / unused for batches), for the GEMM form */
+/* hl / pos0: the layer's state pointers (host copy) and first position of
+ * a single-sequence forward (NULL / unused for batches), for the GEMM forms */
 static int mla_dev(const glm53_config *c, const gmla *w, const gk_batch *b, acts *A, int T, int maxpool, int chunk, int ns,
-                   const float *hlat, int pos0) {
+                   const gk_lstate *hl, int pos0) {
+  const float *hlat = hl ? hl->p[GK_ST_LATENT] : NULL;
+  const int gemm = hl && T >= gk_gemm_min();
+  const int *dpos = (const int *)((const char *)b->seg + offsetof(gk_seg, pos0)); /* segment 0's pos0 on the device */
   const int D = c->hidden_size, H = c->num_attention_heads, nope = c->qk_nope_head_dim, vd = c->v_head_dim;
   const int ql = c->q_lora_rank, kl = c->kv_lora_rank, P = c->index_kpool, K = c->index_topk / c->index_kpool;
   /* every product of y in one multi-product call, then those of r */
@@ -671,7 +674,10 @@ static int mla_dev(const glm53_config *c, const gmla *w, const gk_batch *b, acts
     TRY(gk_store_at(b, GK_ST_IK, hd, A->kk, T, hd));
     TRY(gk_store_at(b, GK_ST_IS, hd, A->kg, T, hd));
     TRY(gk_pool_keys(b, w->ape, P, hd));
-    TRY(gk_indexer_scores(A->iq, A->iw, b, T, P, nh, hd, K, maxpool, A->score));
+    int irc = 1; /* long chunks of one sequence: every pool's scores in one GEMM */
+    if (gemm && mla_gemm_on()) TRY((irc = gk_indexer_scores_gemm(A->iq, A->iw, hl->p[GK_ST_POOL], T, dpos, pos0, P, nh, hd, K,
+                                                                 maxpool, A->score)) < 0);
+    if (irc) TRY(gk_indexer_scores(A->iq, A->iw, b, T, P, nh, hd, K, maxpool, A->score));
     TRY(gk_select(A->score, b, T, P, K, maxpool, c->index_kpool_always_select_tail, A->dense, A->npools, A->tail, A->pools));
     pr_mark(PR_IDX);
   }
@@ -681,8 +687,7 @@ static int mla_dev(const glm53_config *c, const gmla *w, const gk_batch *b, acts
   TRY(gk_matmul_heads(w->heads.uk_h, w->heads.uk_d, H, A->q, T, nope, A->qt, kl));
   const float scale = (float)(1.0 / sqrt((double)(nope + c->qk_rope_head_dim)));
   int rc = 1; /* long chunks of one sequence: the heads share the selected rows, through cuBLAS */
-  if (hlat && T >= gk_gemm_min() && mla_gemm_on()) {
-    const int *dpos = (const int *)((const char *)b->seg + offsetof(gk_seg, pos0)); /* segment 0's pos0 on the device */
+  if (gemm && mla_gemm_on()) {
     rc = gk_mla_attn_gemm(A->qt, hlat, A->dense, A->npools, A->tail, A->pools, T, dpos, pos0, H, kl, P, K, scale, A->ob);
     TRY(rc < 0);
   }
@@ -844,7 +849,7 @@ static int record(const fwd *f) {
     TRY(site(c, &G->hc[0], G->in_norm, A, T));
     pr_mark(PR_MHC);
     if (c->layer_types[l] == ATTN_KDA) TRY(kda_dev(c, &G->kda, &b, A, T));
-    else TRY(mla_dev(c, &G->mla, &b, A, T, f->maxpool, f->chunk, f->ns, f->hls ? f->hls[l].p[GK_ST_LATENT] : NULL, f->pos0));
+    else TRY(mla_dev(c, &G->mla, &b, A, T, f->maxpool, f->chunk, f->ns, f->hls ? &f->hls[l] : NULL, f->pos0));
     pr_mark(c->layer_types[l] == ATTN_KDA ? PR_KDA : PR_MLA);
     TRY(gk_mhc_post(A->X, A->a, A->post, A->comb, T, hc, D));
     TRY(site(c, &G->hc[1], G->post_norm, A, T));

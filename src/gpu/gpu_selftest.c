@@ -445,7 +445,7 @@ static void check_attn_gemm(srng *r, gpu_check *out, int max, int *k) {
   if (rc != 1) { /* 1: not in this build */
     double e = INFINITY;
     if (!rc && !gk_d2h(got, dob, sizeof(float) * T * H * kl)) e = relerr(got, ref, (size_t)T * H * kl);
-    add(out, max, k, GPU_CHECK_MLA_GEMM, e, gk_mla_math() == GK_MLA_TF32 ? 3e-3 : 1e-5); /* TF32: 10-bit mantissa inputs */
+    add(out, max, k, GPU_CHECK_MLA_GEMM, e, gk_mla_math_tol(gk_mla_math()));
     if (*k <= max) out[*k - 1].optional = 1;
   }
   dfree(&d);

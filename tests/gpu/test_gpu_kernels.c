@@ -730,10 +730,63 @@ static void moe_gemm_case(int fmt, int group, int skew, int D) {
   gk_free(dx); gk_free(didx); gk_free(perm); gk_free(erow); gk_free(doff); gk_free(g); gk_free(u); gk_free(eo);
 }
 
+/* the indexer scores of one sequence's chunk, GEMM form and kernel form,
+ * against a float64 loop over the tokens that see more than K complete
+ * pools (the others are not scored); pos0 > 0 puts the first scored token
+ * inside the chunk or before it */
+static void idx_gemm_case(int nh, int hd, int P, int K, int pos0, int T) {
+  const int ctx = pos0 + T, npool = ctx / P, maxpool = npool + 3;
+  float *hq = NULL, *hw = NULL, *hp = NULL;
+  float *dq = dvec((size_t)T * nh * hd, -1, 1, &hq), *dw = dvec((size_t)T * nh, -1, 1, &hw);
+  float *dp = dvec((size_t)npool * hd, -1, 1, &hp);
+  float *ref = xmalloc((size_t)T * maxpool * 4), *got = xmalloc((size_t)T * maxpool * 4);
+  const double s = 1.0 / sqrt((double)hd), ws = 1.0 / sqrt((double)nh);
+  for (int t = 0; t < T; t++) {
+    const int n = (pos0 + t + 1) / P;
+    for (int p = 0; p < maxpool; p++) {
+      double acc = 0;
+      if (n > K && p < n)
+        for (int h = 0; h < nh; h++) {
+          double d = 0;
+          for (int i = 0; i < hd; i++) d += (double)hq[((size_t)t * nh + h) * hd + i] * hp[(size_t)p * hd + i];
+          d *= s;
+          if (d > 0) acc += hw[(size_t)t * nh + h] * ws * d;
+        }
+      ref[(size_t)t * maxpool + p] = (float)acc; /* unscored entries stay 0 (the memset below) */
+    }
+  }
+  gk_lstate ls = {{0}};
+  ls.p[GK_ST_POOL] = dp;
+  gk_lstate *dls = dcopy(&ls, sizeof ls);
+  gk_seg seg = {.ls = dls, .t0 = 0, .len = T, .pos0 = pos0};
+  gk_seg *dseg = dcopy(&seg, sizeof seg);
+  int *tseg = gk_malloc((size_t)T * 4), *dpos = dcopy(&pos0, 4);
+  gk_memset(tseg, 0, (size_t)T * 4);
+  gk_batch b = {.seg = dseg, .tseg = tseg, .nseg = 1, .maxlen = T};
+  float *dsc = gk_malloc((size_t)T * maxpool * 4);
+  for (int form = 0; form < 2; form++) {
+    gk_memset(dsc, 0, (size_t)T * maxpool * 4);
+    int rc = form ? gk_indexer_scores(dq, dw, &b, T, P, nh, hd, K, maxpool, dsc)
+                  : gk_indexer_scores_gemm(dq, dw, dp, T, dpos, pos0, P, nh, hd, K, maxpool, dsc);
+    if (rc == 1) { printf("indexer gemm form: not in this build\n"); continue; }
+    double err = INFINITY;
+    if (!rc && !gk_d2h(got, dsc, (size_t)T * maxpool * 4)) err = rel(got, ref, (size_t)T * maxpool);
+    CHECK(rc == 0, "indexer scores: %s", gk_error());
+    CHECK(err <= 1e-5, "indexer scores %s nh %d hd %d P %d K %d pos0 %d T %d: err %g > 1e-5", form ? "kernel" : "gemm", nh, hd, P, K,
+          pos0, T, err);
+    printf("indexer scores %-6s nh %-2d hd %-3d P%d K%-3d pos0 %-4d T%-4d err %-10.3g tol 1e-5 %s\n", form ? "kernel" : "gemm", nh,
+           hd, P, K, pos0, T, err, err <= 1e-5 ? "ok" : "FAIL");
+  }
+  free(hq); free(hw); free(hp); free(ref); free(got);
+  gk_free(dq); gk_free(dw); gk_free(dp); gk_free(dls); gk_free(dseg); gk_free(tseg); gk_free(dpos); gk_free(dsc);
+}
+
 /* gk_mla_attn_gemm on selections of one sequence (the cache prefix while
- * fewer than K pools are complete, K pools + the tail after), TF32 and
- * fp32, against a float64 loop; shapes whose padded rows take each softmax
- * variant (256 x 1..16 rows in registers, three passes past 4096) */
+ * fewer than K pools are complete, K pools + the tail after) in every
+ * arithmetic, against a float64 loop (tolerance gk_mla_math_tol); shapes
+ * whose padded rows take each softmax variant (256 x 1..16 rows in
+ * registers, three passes past 4096; 256 x 1..32 for the splits) and both
+ * forms of the splits (masked over every row, gathered) */
 static void mla_gemm_case(int H, int kl, int P, int K, int pos0, int T) {
   const int ctx = pos0 + T;
   float *hq = NULL, *hl = NULL, *dq = dvec((size_t)T * H * kl, -1, 1, &hq), *dl = dvec((size_t)ctx * kl, -1, 1, &hl);
@@ -778,14 +831,14 @@ static void mla_gemm_case(int H, int kl, int P, int K, int pos0, int T) {
       for (int j = 0; j < kl; j++) ref[((size_t)t * H + hh) * kl + j] = (float)(o[j] / z);
     }
   }
-  for (int tf = GK_MLA_BF16X9; tf >= GK_MLA_FP32; tf--) { /* bf16x9 emulation, TF32, fp32 */
+  for (int tf = GK_MLA_NMATH - 1; tf >= GK_MLA_FP32; tf--) { /* bf16x4, bf16x3, bf16x9 emulation, TF32, fp32 */
     gk_set_mla_math(tf);
     gk_memset(ob, 0x7f, (size_t)T * H * kl * 4);
     int rc = gk_mla_attn_gemm(dq, dl, dd, dn, dt, dp, T, dpos, pos0, H, kl, P, K, (float)scale, ob);
     double err = INFINITY;
     if (rc == 1) { printf("mla gemm form: not in this build\n"); break; }
     if (!rc && !gk_d2h(got, ob, (size_t)T * H * kl * 4)) err = rel(got, ref, (size_t)T * H * kl);
-    const double tol = tf == GK_MLA_TF32 ? 3e-3 : 1e-5;
+    const double tol = gk_mla_math_tol(tf);
     const char *nm = gk_mla_math() == tf ? gk_mla_math_name(tf) : "bf16x9 not offered: fp32";
     CHECK(rc == 0, "mla gemm %s: %s", nm, gk_error());
     CHECK(err <= tol, "mla gemm H%d kl%d P%d K%d pos0 %d T%d %s: err %g > %g", H, kl, P, K, pos0, T, nm, err, tol);
@@ -908,5 +961,14 @@ int main(void) {
   mla_gemm_case(2, 32, 4, 300, 1300, 9); /* 1204 */
   mla_gemm_case(2, 32, 4, 600, 2500, 5); /* 2404 */
   mla_gemm_case(1, 32, 4, 1100, 4500, 3); /* 4404: three passes */
+  /* the split arithmetics take every row of the chunk (selection as a mask)
+   * up to 4 selections' worth of rows, then gather: */
+  mla_gemm_case(2, 64, 4, 16, 300, 40);   /* gathered from the start (300 > 4 x 68) */
+  mla_gemm_case(2, 32, 4, 16, 200, 150);  /* masked, then gathered within the call */
+  mla_gemm_case(2, 32, 2, 40, 0, 150);    /* pools of 2 in the mask */
+  mla_gemm_case(1, 32, 4, 2100, 8500, 2); /* selections past the split softmax's 8192 rows: fp32-accurate form */
+  idx_gemm_case(32, 128, 4, 64, 0, 600);  /* scored from token 259 of the chunk */
+  idx_gemm_case(8, 64, 4, 16, 300, 90);   /* every token scored */
+  idx_gemm_case(4, 32, 2, 40, 50, 40);    /* the first scored token inside, pools of 2 */
   TEST_DONE();
 }

@@ -197,6 +197,8 @@ int gk_kda_recur(const gk_batch *b, const float *qkv, const float *g, const floa
 int gk_kda_recur_gated(const gk_batch *b, const float *qkv, float *graw, const float *dt_bias, const float *A_log,
                        float lower_bound, const float *beta_logit, int T, int H, int hd, float *o);
 int gk_kda_out(float *o, const float *z, const float *w, int T, int H, int hd, float eps);
+/* the recurrence's columns per warp, 4 or 8: bench A/B (0: GLM53_GPU_KDA_CPW, default 4) */
+void gk_set_kda_cpw(int cpw);
 
 /* ---- MLA + DSA indexer ---- */
 /* state `which` of the token's sequence, row (position) * stride + i = src[t * n + i] */
@@ -206,6 +208,12 @@ int gk_pool_keys(const gk_batch *b, const float *ape, int P, int hd);
 /* score [T][maxpool]: maxpool bounds every sequence's pool count */
 int gk_indexer_scores(const float *q, const float *w, const gk_batch *b, int T, int P, int nh, int hd, int K, int maxpool,
                       float *score);
+/* the same scores for a chunk of one sequence through fp32 cuBLAS GEMMs
+ * (gk_idx_gemm.cu): pool is its GK_ST_POOL, dpos its pos0 on the device,
+ * pos0 the host copy; equal to gk_indexer_scores within fp32 rounding (the
+ * head sum in another order). 0, -1 on error, 1 when not in this build. */
+int gk_indexer_scores_gemm(const float *q, const float *w, const float *pool, int T, const int *dpos, int pos0, int P,
+                           int nh, int hd, int K, int maxpool, float *score);
 /* selection per query: dense[T], npools[T], tail[T], pools[T][K] */
 int gk_select(const float *score, const gk_batch *b, int T, int P, int K, int maxpool, int always_tail, int *dense,
               int *npools, int *tail, int *pools);
@@ -225,7 +233,7 @@ void gk_set_mla_kernel(int hs);
  * the core in use, and the part count for selections of up to maxN rows */
 int gk_mla_split_tile(int kl);
 int gk_mla_nsplit(int maxN, int chunk);
-/* The same attention for long chunks through cuBLAS GEMMs (fp32-accurate, or TF32)
+/* The same attention for long chunks through cuBLAS GEMMs (gk_mla_math below)
  * (gk_mla_gemm.cu): all heads of a token share its selected rows. pos0: the
  * chunk's first position (host copy of *dpos). One sequence: latent is its
  * cache, dpos its pos0 on the device (in a forward: &seg[0].pos0 of the
@@ -233,14 +241,20 @@ int gk_mla_nsplit(int maxN, int chunk);
  * not available in this build (no BLAS): use gk_mla_attn then. */
 int gk_mla_attn_gemm(const float *qt, const float *latent, const int *dense, const int *npools, const int *tail,
                      const int *pools, int T, const int *dpos, int pos0, int H, int kl, int P, int K, float scale, float *ob);
-/* gk_mla_attn_gemm's GEMM arithmetic (GLM53_GPU_MLA_MATH=fp32|tf32|bf16x9):
- * fp32-accurate bf16x9 emulation on the tensor cores by default (fp32 where
- * cuBLAS lacks it, and on HIP), plain fp32, or TF32 (opt-in: ~3e-4
- * relative error); the switch for tests and bench (-1: the environment) */
-enum { GK_MLA_FP32 = 0, GK_MLA_TF32 = 1, GK_MLA_BF16X9 = 2 };
+/* gk_mla_attn_gemm's GEMM arithmetic (GLM53_GPU_MLA_MATH=bf16x3|bf16x4|
+ * bf16x9|fp32|tf32): by default bf16x3, every fp32 input split into two
+ * bf16 terms (hi + lo, 16 significant bits) and three of their four
+ * products summed in fp32 by bf16 tensor-core GEMMs over 3x longer sums
+ * (~1e-5 relative error); bf16x4 all four products; bf16x9 cuBLAS's
+ * fp32-accurate emulation (fp32 where cuBLAS lacks it, and on HIP); plain
+ * fp32; TF32 (opt-in: ~3e-4). gk_set_mla_math: the switch for tests and
+ * bench (-1: the environment); gk_mla_math_tol: the relative error the
+ * tests allow each against a float64 reference. */
+enum { GK_MLA_FP32 = 0, GK_MLA_TF32 = 1, GK_MLA_BF16X9 = 2, GK_MLA_BF16X3 = 3, GK_MLA_BF16X4 = 4, GK_MLA_NMATH = 5 };
 int gk_mla_math(void);
 void gk_set_mla_math(int mode);
 const char *gk_mla_math_name(int mode);
+double gk_mla_math_tol(int mode);
 
 /* ---- MoE ---- */
 int gk_moe_route(const float *logits, const float *bias, int T, int E, int k, int G, int topk_group, int norm,

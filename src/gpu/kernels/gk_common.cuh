@@ -161,6 +161,12 @@ __device__ __forceinline__ float block_sum(float v, float *sh) {
   for (int i = 0; i < nw; i++) t += sh[i];
   return t;
 }
+/* fp32 -> bf16 bits, round to nearest even (__float2bfloat16's result) */
+__device__ __forceinline__ uint32_t bf16_bits(float f) {
+  const uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u; /* NaN */
+  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
 __device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
 /* clamped SwiGLU (ops.h swiglu_clamped): the MLP kernels and the fused
  * gate+up GEMV give the same bits */

@@ -551,38 +551,54 @@ extern "C" int gk_kda_gate(float *g, const float *dt_bias, const float *A_log, i
 }
 
 /* Delta-rule recurrence, token by token (kda_step). Columns j of S evolve
- * independently. A warp owns KR_CPW = 8 columns of one head; lane l holds
- * S[i][j] for i = l + 32m of each. Per token and column the 32-lane sums
- * (S^T k, then S^T q) are one transposed reduction for all 8 columns
- * (kr_reduce8: 9 shuffles instead of 8 x 5), the deltas go back by 8
- * shuffles, and q, k and the decay of a row are read once for 8 columns.
- * The block (4 warps, 32 columns) stages tiles of TT tokens in shared
- * memory: q, k, decay, beta, v of its columns; with cp.async (CUDA, the
- * decay already exponentiated or given as a log) the next tile is copied
- * while the current one is computed, else one coalesced pass per tile. No
- * block barrier per token. State layout [H][dv][dk] keeps the lanes' loads
- * contiguous. grid (H, ceil(hd / 32), nseg). Every token's arithmetic is
- * the same whatever the tiling, so decode and prefill agree bitwise. */
-#define KR_CPW 8
+ * independently. A warp owns KR_CPW = 4 (or 8) columns of one head; lane l
+ * holds S[i][j] for i = l + 32m of each. Per token and column the 32-lane
+ * sums (S^T k, then S^T q) are one transposed reduction for all the warp's
+ * columns (kr_reduce: 6 shuffles instead of 4 x 5, 9 instead of 8 x 5),
+ * the deltas go back by one shuffle per column, and q, k and the decay of a
+ * row are read once for all of them. The block (4 warps, 4 * KR_CPW
+ * columns) stages tiles of TT tokens in shared memory: q, k, decay, beta, v
+ * of its columns; with cp.async (CUDA, the decay already exponentiated or
+ * given as a log) the next tile is copied while the current one is
+ * computed, else one coalesced pass per tile. No block barrier per token.
+ * State layout [H][dv][dk] keeps the lanes' loads contiguous. grid (H,
+ * ceil(hd / (4 * KR_CPW)), nseg). Every token's arithmetic is the same
+ * whatever the tiling, so decode and prefill agree bitwise. */
 #define KR_WARPS 4
-#define KR_COLS (KR_CPW * KR_WARPS)
 /* MODE: how g gives the decay a = exp(gate): 0 g is the log decay, 1 g is
  * the raw gate projection (kda_gate1), 2 g is the decay itself */
 enum { KR_LOG = 0, KR_RAW = 1, KR_DECAY = 2 };
-__device__ __forceinline__ int kr_col(int lane) { return ((lane >> 4) & 1) * 4 + ((lane >> 3) & 1) * 2 + ((lane >> 2) & 1); }
-__device__ __forceinline__ int kr_lane(int c) { return ((c >> 2) & 1) * 16 + ((c >> 1) & 1) * 8 + (c & 1) * 4; }
-/* 8 per-lane partials in, the 32-lane sum of column kr_col(lane) out (the 4
- * lanes of a quad get the same bits: each stage adds a pair both ways) */
-__device__ __forceinline__ float kr_reduce8(const float *v, int lane) {
-  float w[4], x[2];
+/* CPW (columns per warp) 8 or 4: lane l ends a reduction with the sum of
+ * column kr_col(l); kr_lane(c) is a lane holding column c's sum */
+template <int CPW> __device__ __forceinline__ int kr_col(int lane) {
+  return CPW == 8 ? ((lane >> 4) & 1) * 4 + ((lane >> 3) & 1) * 2 + ((lane >> 2) & 1) : ((lane >> 4) & 1) * 2 + ((lane >> 3) & 1);
+}
+template <int CPW> __device__ __forceinline__ int kr_lane(int c) {
+  return CPW == 8 ? ((c >> 2) & 1) * 16 + ((c >> 1) & 1) * 8 + (c & 1) * 4 : ((c >> 1) & 1) * 16 + (c & 1) * 8;
+}
+/* CPW per-lane partials in, the 32-lane sum of column kr_col(lane) out (the
+ * lanes sharing a column get the same bits: each stage adds a pair both
+ * ways); 8 columns: 9 shuffles instead of 8 x 5 */
+template <int CPW> __device__ __forceinline__ float kr_reduce(const float *v, int lane) {
   const bool u16 = lane & 16, u8 = lane & 8, u4 = lane & 4;
+  float y;
+  if (CPW == 8) {
+    float w[4], x[2];
 #pragma unroll
-  for (int c = 0; c < 4; c++)
-    w[c] = (u16 ? v[c + 4] : v[c]) + __shfl_xor_sync(0xffffffffu, u16 ? v[c] : v[c + 4], 16);
+    for (int c = 0; c < 4; c++)
+      w[c] = (u16 ? v[c + 4] : v[c]) + __shfl_xor_sync(0xffffffffu, u16 ? v[c] : v[c + 4], 16);
 #pragma unroll
-  for (int c = 0; c < 2; c++)
-    x[c] = (u8 ? w[c + 2] : w[c]) + __shfl_xor_sync(0xffffffffu, u8 ? w[c] : w[c + 2], 8);
-  float y = (u4 ? x[1] : x[0]) + __shfl_xor_sync(0xffffffffu, u4 ? x[0] : x[1], 4);
+    for (int c = 0; c < 2; c++)
+      x[c] = (u8 ? w[c + 2] : w[c]) + __shfl_xor_sync(0xffffffffu, u8 ? w[c] : w[c + 2], 8);
+    y = (u4 ? x[1] : x[0]) + __shfl_xor_sync(0xffffffffu, u4 ? x[0] : x[1], 4);
+  } else {
+    float w[2];
+#pragma unroll
+    for (int c = 0; c < 2; c++)
+      w[c] = (u16 ? v[c + 2] : v[c]) + __shfl_xor_sync(0xffffffffu, u16 ? v[c] : v[c + 2], 16);
+    y = (u8 ? w[1] : w[0]) + __shfl_xor_sync(0xffffffffu, u8 ? w[0] : w[1], 8);
+    y += __shfl_xor_sync(0xffffffffu, y, 4);
+  }
   y += __shfl_xor_sync(0xffffffffu, y, 2);
   return y + __shfl_xor_sync(0xffffffffu, y, 1);
 }
@@ -615,23 +631,24 @@ template <int N> __device__ __forceinline__ void kr_wait(void) {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }
-/* floats of one tile buffer: q, k, a [TT][hd], v [TT][KR_COLS], beta [TT] */
-__host__ __device__ __forceinline__ size_t kr_tile_floats(int hd, int tt) {
-  return ((size_t)tt * (3 * hd + KR_COLS + 1) + 3) & ~(size_t)3;
+/* floats of one tile buffer: q, k, a [TT][hd], v [TT][cols], beta [TT] */
+__host__ __device__ __forceinline__ size_t kr_tile_floats(int hd, int tt, int cols) {
+  return ((size_t)tt * (3 * hd + cols + 1) + 3) & ~(size_t)3;
 }
 
-template <int MODE, int MM, bool ASYNC>
+template <int MODE, int MM, bool ASYNC, int KR_CPW>
 __global__ void __launch_bounds__(KR_WARPS * 32) kda_recur_k(gk_batch b, const float *qkv, const float *g,
                                                               const float *dt_bias, const float *A_log, float lb,
                                                               const float *bl, int H, int hd, int TT, float *o) {
   GK_PDL_BEGIN();
+  enum { KR_COLS = KR_CPW * KR_WARPS };
   extern __shared__ __align__(16) float kda_sh[];
   const int h = blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31, c0 = blockIdx.y * KR_COLS;
-  const int cw = c0 + w * KR_CPW, my = kr_col(lane), nth = blockDim.x;
+  const int cw = c0 + w * KR_CPW, my = kr_col<KR_CPW>(lane), nth = blockDim.x;
   const gk_seg sg = b.seg[blockIdx.z];
   const int t0 = sg.t0, T = t0 + sg.len, inner = H * hd;
   float *S = sg.ls[b.layer].p[GK_ST_S];
-  const size_t tf = kr_tile_floats(hd, TT);
+  const size_t tf = kr_tile_floats(hd, TT, KR_COLS);
   float s[KR_CPW][MM];
 #pragma unroll
   for (int c = 0; c < KR_CPW; c++) {
@@ -723,11 +740,11 @@ __global__ void __launch_bounds__(KR_WARPS * 32) kda_recur_k(gk_batch b, const f
         }
         p[c] = r;
       }
-      const float r = kr_reduce8(p, lane);
+      const float r = kr_reduce<KR_CPW>(p, lane);
       const float delta = sigm(bs[u]) * (vs[u * KR_COLS + w * KR_CPW + my] - r);
 #pragma unroll
       for (int c = 0; c < KR_CPW; c++) {
-        const float d = __shfl_sync(0xffffffffu, delta, kr_lane(c));
+        const float d = __shfl_sync(0xffffffffu, delta, kr_lane<KR_CPW>(c));
         float oo = 0;
 #pragma unroll
         for (int m = 0; m < MM; m++) {
@@ -736,8 +753,8 @@ __global__ void __launch_bounds__(KR_WARPS * 32) kda_recur_k(gk_batch b, const f
         }
         p[c] = oo;
       }
-      const float ov = kr_reduce8(p, lane);
-      if ((lane & 3) == 0 && cw + my < hd) o[((size_t)tb + u) * inner + h * hd + cw + my] = ov;
+      const float ov = kr_reduce<KR_CPW>(p, lane);
+      if ((lane & (32 / KR_CPW - 1)) == 0 && cw + my < hd) o[((size_t)tb + u) * inner + h * hd + cw + my] = ov;
     }
     if (ASYNC) __syncthreads(); /* cur is the target of the copy issued next round */
   }
@@ -762,21 +779,42 @@ __global__ void kda_decay_k(float *g, const float *dt_bias, const float *A_log, 
   g[i] = expf(kda_gate1(g[i], dt_bias, A_log, c / hd, c, lb));
 }
 
+/* columns per warp (GLM53_GPU_KDA_CPW=4|8, gk_set_kda_cpw): 4 (default)
+ * gives twice the blocks of 8, more warps per SM for the latency-bound
+ * token loop, at more shuffles per column (H200, 4096-token prefill: 567
+ * vs 599 ms; 2 columns measured 619, unrolling the token loop by 2 +4..16
+ * ms: both removed). Another reduction order, the same for decode and
+ * prefill. */
+static int g_kr_cpw;
+extern "C" void gk_set_kda_cpw(int cpw) { g_kr_cpw = cpw == 8 || cpw == 4 ? cpw : 0; }
+static int kr_cpw(void) {
+  if (!g_kr_cpw) {
+    const char *e = getenv("GLM53_GPU_KDA_CPW");
+    g_kr_cpw = e && atoi(e) == 8 ? 8 : 4;
+  }
+  return g_kr_cpw;
+}
+template <int MODE, int MM, int CPW>
+static void kr_launch_c(const gk_batch *b, const float *qkv, const float *g, const float *dt_bias, const float *A_log,
+                        float lb, const float *bl, int T, int H, int hd, float *o, bool async) {
+  /* tokens per tile: what fits in 48 KB (no opt-in shared memory), split
+   * over two buffers when copying asynchronously; at most 32, at most T */
+  const int nb = async ? 2 : 1, cols = CPW * KR_WARPS;
+  int tt = 32;
+  while (tt > 1 && (size_t)nb * kr_tile_floats(hd, tt, cols) * sizeof(float) > 48 * 1024) tt--;
+  if (T > 0 && T < tt) tt = T;
+  const size_t sm = (size_t)nb * kr_tile_floats(hd, tt, cols) * sizeof(float);
+  dim3 grid(H, gk_blocks(hd, cols), b->nseg);
+  if (async)
+    gk_launch(kda_recur_k<MODE, MM, true, CPW>, grid, KR_WARPS * 32, sm, *b, qkv, g, dt_bias, A_log, lb, bl, H, hd, tt, o);
+  else
+    gk_launch(kda_recur_k<MODE, MM, false, CPW>, grid, KR_WARPS * 32, sm, *b, qkv, g, dt_bias, A_log, lb, bl, H, hd, tt, o);
+}
 template <int MODE, int MM>
 static void kr_launch(const gk_batch *b, const float *qkv, const float *g, const float *dt_bias, const float *A_log,
                       float lb, const float *bl, int T, int H, int hd, float *o, bool async) {
-  /* tokens per tile: what fits in 48 KB (no opt-in shared memory), split
-   * over two buffers when copying asynchronously; at most 32, at most T */
-  const int nb = async ? 2 : 1;
-  int tt = 32;
-  while (tt > 1 && (size_t)nb * kr_tile_floats(hd, tt) * sizeof(float) > 48 * 1024) tt--;
-  if (T > 0 && T < tt) tt = T;
-  const size_t sm = (size_t)nb * kr_tile_floats(hd, tt) * sizeof(float);
-  dim3 grid(H, gk_blocks(hd, KR_COLS), b->nseg);
-  if (async)
-    gk_launch(kda_recur_k<MODE, MM, true>, grid, KR_WARPS * 32, sm, *b, qkv, g, dt_bias, A_log, lb, bl, H, hd, tt, o);
-  else
-    gk_launch(kda_recur_k<MODE, MM, false>, grid, KR_WARPS * 32, sm, *b, qkv, g, dt_bias, A_log, lb, bl, H, hd, tt, o);
+  if (kr_cpw() == 8) kr_launch_c<MODE, MM, 8>(b, qkv, g, dt_bias, A_log, lb, bl, T, H, hd, o, async);
+  else kr_launch_c<MODE, MM, 4>(b, qkv, g, dt_bias, A_log, lb, bl, T, H, hd, o, async);
 }
 template <int MODE>
 static int kr_run(const gk_batch *b, const float *qkv, const float *g, const float *dt_bias, const float *A_log, float lb,

@@ -32,11 +32,16 @@
  * flips near-tied routing and top-k choices of the test models (forward
  * test: 0.27 of the logits' range vs the CPU), so opt-in only. */
 static int g_math = -1;
-extern "C" void gk_set_mla_math(int mode) { g_math = mode < 0 || mode > GK_MLA_BF16X9 ? -1 : mode; }
+extern "C" void gk_set_mla_math(int mode) { g_math = mode < 0 || mode >= GK_MLA_NMATH ? -1 : mode; }
 extern "C" int gk_mla_math(void) {
   if (g_math < 0) {
     const char *e = getenv("GLM53_GPU_MLA_MATH");
-    g_math = e && !strcmp(e, "fp32") ? GK_MLA_FP32 : e && !strcmp(e, "tf32") ? GK_MLA_TF32 : GK_MLA_BF16X9;
+    g_math = !e                      ? GK_MLA_BF16X3
+             : !strcmp(e, "fp32")   ? GK_MLA_FP32
+             : !strcmp(e, "tf32")   ? GK_MLA_TF32
+             : !strcmp(e, "bf16x9") ? GK_MLA_BF16X9
+             : !strcmp(e, "bf16x4") ? GK_MLA_BF16X4
+                                    : GK_MLA_BF16X3;
 #if GK_HIP
     if (g_math == GK_MLA_BF16X9) g_math = GK_MLA_FP32; /* no such compute type in hipBLAS */
 #endif
@@ -44,20 +49,31 @@ extern "C" int gk_mla_math(void) {
   return g_math;
 }
 extern "C" const char *gk_mla_math_name(int mode) {
-  return mode == GK_MLA_TF32 ? "tf32" : mode == GK_MLA_BF16X9 ? "bf16x9" : "fp32";
+  static const char *nm[GK_MLA_NMATH] = {"fp32", "tf32", "bf16x9", "bf16x3", "bf16x4"};
+  return mode >= 0 && mode < GK_MLA_NMATH ? nm[mode] : "fp32";
+}
+/* the relative error (max |err| / max |ref|) the tests allow each
+ * arithmetic against a float64 loop: fp32-level for fp32 and bf16x9, the
+ * inputs' 16 significant bits for the splits (plus the dropped lo.lo
+ * product of bf16x3), 10-bit mantissas for TF32 */
+extern "C" double gk_mla_math_tol(int mode) {
+  return mode == GK_MLA_TF32 ? 3e-3 : mode == GK_MLA_BF16X3 ? 1e-4 : mode == GK_MLA_BF16X4 ? 5e-5 : 1e-5;
 }
 
 #if GK_HAVE_BLAS
 static cublasHandle_t g_h; /* gk_blas_handle(), fetched per call */
-static void *g_buf;
-static size_t g_buf_n;
+static int g_no_x9;        /* cuBLAS refused the bf16x9 emulation: fp32 instead */
+/* scratch that grows to the largest request: [0] the per-sub-chunk
+ * buffers, [1] the split latent rows of the split arithmetics */
+static void *g_buf[2];
+static size_t g_buf_n[2];
 
-static void *buf(size_t n) {
-  if (g_buf_n >= n) return g_buf;
-  gk_free(g_buf);
-  g_buf = gk_malloc(n);
-  g_buf_n = g_buf ? n : 0;
-  return g_buf;
+static void *buf(int which, size_t n) {
+  if (g_buf_n[which] >= n) return g_buf[which];
+  gk_free(g_buf[which]);
+  g_buf[which] = gk_malloc(n);
+  g_buf_n[which] = g_buf[which] ? n : 0;
+  return g_buf[which];
 }
 
 /* G[t][n][:] = latent row of the n-th selected token of t0 + t, zero past
@@ -163,6 +179,266 @@ static int softmax(float *S, const int *dense, const int *npools, const int *tai
 static int blas(void) {
   return (g_h = gk_blas_handle()) ? 0 : gk_fail("mla gemm: cuBLAS not initialised (gk_init)");
 }
+
+/* ---- split-bf16 arithmetic (GK_MLA_BF16X3, GK_MLA_BF16X4) ----
+ * Every fp32 input x is split x = hi + lo, hi = bf16(x), lo = bf16(x - hi)
+ * (16 significant bits). A sum over k of a.b is then one bf16 tensor-core
+ * GEMM over nt * k with fp32 accumulation, a laid out as nt chunks
+ * (hi, hi, lo[, lo]) and b as (hi, lo, hi[, lo]): a_hi.b_hi + a_hi.b_lo +
+ * a_lo.b_hi [+ a_lo.b_lo]. The latent rows (nt chunks of kl) are the b
+ * side of the scores GEMM; for the output GEMM each chunk is a matrix of
+ * its own (leading dimension nt * kl) and the probabilities two planes (hi,
+ * lo), so the output is nt GEMMs over N accumulated in fp32. */
+#define SPLIT_LO_A(nt) ((nt) == 3 ? 0x4u : 0xcu) /* which chunks hold lo: queries */
+#define SPLIT_LO_B(nt) ((nt) == 3 ? 0x2u : 0xau) /* latent rows */
+#define SPLIT_MAXROWS 8192                       /* the softmax's register rows (256 threads x 16 pairs) */
+
+__device__ __forceinline__ void split2(float x, uint32_t *hi, uint32_t *lo) {
+  *hi = bf16_bits(x);
+  *lo = bf16_bits(x - __uint_as_float(*hi << 16));
+}
+
+/* dst row r (nt * n bf16) = the split chunks of src row r (n floats, n
+ * even, stride lds) for r < rows, zero for rows <= r < rows_pad; a thread
+ * per pair of values, one 32-bit store per chunk */
+__global__ void split_rows_k(const float *src, size_t lds, int rows, int rows_pad, int n, int nt, unsigned lomask,
+                             uint16_t *dst) {
+  GK_PDL_BEGIN();
+  const int h2 = n / 2;
+  const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i >= (size_t)rows_pad * h2) return;
+  const size_t r = i / h2;
+  const int c = (int)(i % h2);
+  uint32_t hi = 0, lo = 0;
+  if (r < (size_t)rows) {
+    const float2 v = *(const float2 *)(src + r * lds + 2 * c);
+    uint32_t hx, lx, hy, ly;
+    split2(v.x, &hx, &lx);
+    split2(v.y, &hy, &ly);
+    hi = hx | hy << 16;
+    lo = lx | ly << 16;
+  }
+  uint32_t *d = (uint32_t *)(dst + r * nt * n) + c;
+  for (int j = 0; j < nt; j++) d[(size_t)j * h2] = lomask >> j & 1 ? lo : hi;
+}
+
+/* mla_gather_k for the split arithmetics: G3[t][n] = the split chunks of
+ * the n-th selected latent row of t0 + t (zero past N_t); kl even */
+__global__ void mla_gather_split_k(const float *latent, const int *dense, const int *npools, const int *tail,
+                                   const int *pools, const int *dpos, int t0, int P, int K, int kl, int Npad, int nt,
+                                   unsigned lomask, uint16_t *G) {
+  GK_PDL_BEGIN();
+  const int t = t0 + blockIdx.x, pos = *dpos + t, lane = threadIdx.x & 31;
+  const int n = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (n >= Npad) return;
+  const int isd = dense[t], np = npools[t], tb = tail[t], N = sel_count(isd, np, tb, pos, P);
+  uint32_t *g = (uint32_t *)(G + ((size_t)blockIdx.x * Npad + n) * nt * kl); /* pairs of bf16 */
+  const int h2 = kl / 2;
+  if (n >= N) {
+    for (int c = lane; c < nt * h2; c += 32) g[c] = 0;
+    return;
+  }
+  const float2 *src = (const float2 *)(latent + (size_t)sel_row(isd, np, tb, pools + (size_t)t * K, P, n) * kl);
+  for (int c = lane; c < h2; c += 32) {
+    const float2 v = __ldg(src + c);
+    uint32_t hx, lx, hy, ly;
+    split2(v.x, &hx, &lx);
+    split2(v.y, &hy, &ly);
+    const uint32_t hi = hx | hy << 16, lo = lx | ly << 16;
+    for (int j = 0; j < nt; j++) g[j * h2 + c] = lomask >> j & 1 ? lo : hi;
+  }
+}
+
+/* softmax of score row (t, h) of S (Npad wide, fp32), written split as two
+ * planes of Npad bf16 (P2[row][0][n] = hi, P2[row][1][n] = lo); a thread
+ * takes pairs of rows (Npad is even), one 32-bit store per plane (rows'
+ * chunks interleaved for a single output GEMM measured slower: 34 ms
+ * with strided stores, 46 staged through shared memory, vs 27 + 6 more
+ * for the output GEMMs per 4096-token prefill). shared: S holds scores
+ * against cache rows 0..Npad-1 and the token's selection masks them (row n
+ * is in when n <= pos and the query is dense, n is in the tail or n's pool
+ * is one it selected); else S holds its gathered rows, the first N_t in. */
+template <int VP>
+__global__ void __launch_bounds__(256) mla_softmax_split_k(const float *S, const int *dense, const int *npools,
+                                                           const int *tail, const int *pools, const int *dpos, int t0,
+                                                           int H, int P, int K, int Npad, float scale, int shared,
+                                                           uint32_t *P2) {
+  GK_PDL_BEGIN();
+  __shared__ float sh[32];
+  __shared__ uint32_t bm[SPLIT_MAXROWS / 32]; /* shared: the pools the token selected (fewer than Npad / P) */
+  const int t = t0 + blockIdx.x / H, pos = *dpos + t;
+  const int isd = dense[t], np = npools[t], tb = tail[t], N = sel_count(isd, np, tb, pos, P);
+  const int masked = shared && !isd; /* the same for the whole block */
+  if (masked) {
+    for (int i = threadIdx.x; i < SPLIT_MAXROWS / 32; i += 256) bm[i] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < np; i += 256) {
+      const int p = pools[(size_t)t * K + i];
+      atomicOr(&bm[p >> 5], 1u << (p & 31));
+    }
+    __syncthreads();
+  }
+  const float2 *row = (const float2 *)(S + (size_t)blockIdx.x * Npad);
+  const int half = Npad / 2;
+  float v[2 * VP], m = -INFINITY;
+  uint32_t in = 0;
+#pragma unroll
+  for (int i = 0; i < VP; i++) {
+    const int q = threadIdx.x + i * 256;
+    const float2 x = q < half ? row[q] : make_float2(0.f, 0.f);
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+      const int n = 2 * q + e, pl = n / P;
+      const bool sel = !shared ? n < N : n <= pos && (!masked || n >= tb || (bm[pl >> 5] >> (pl & 31) & 1));
+      in |= (uint32_t)sel << (2 * i + e);
+      v[2 * i + e] = sel ? (e ? x.y : x.x) * scale : -INFINITY;
+      m = fmaxf(m, v[2 * i + e]);
+    }
+  }
+  { /* block max */
+    float w = warp_max(m);
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = w;
+    __syncthreads();
+    m = -INFINITY;
+    for (int i = 0; i < 8; i++) m = fmaxf(m, sh[i]);
+  } /* block_sum synchronises before it reuses sh */
+  float z = 0;
+#pragma unroll
+  for (int i = 0; i < 2 * VP; i++) {
+    v[i] = in >> i & 1 ? expf(v[i] - m) : 0.f;
+    z += v[i];
+  }
+  z = block_sum(z, sh);
+  const float inv = z > 0 ? 1.0f / z : 0.f;
+  uint32_t *hi_plane = P2 + (size_t)blockIdx.x * Npad, *lo_plane = hi_plane + half;
+#pragma unroll
+  for (int i = 0; i < VP; i++) {
+    const int q = threadIdx.x + i * 256;
+    if (q >= half) break;
+    uint32_t h0, l0, h1, l1;
+    split2(v[2 * i] * inv, &h0, &l0);
+    split2(v[2 * i + 1] * inv, &h1, &l1);
+    hi_plane[q] = h0 | h1 << 16;
+    lo_plane[q] = l0 | l1 << 16;
+  }
+}
+
+static int softmax_split(const float *S, const int *dense, const int *npools, const int *tail, const int *pools,
+                         const int *dpos, int t0, int tc, int H, int P, int K, int Npad, float scale, int shared,
+                         uint16_t *P2) {
+  const dim3 g(tc * H);
+#define SMX(V) gk_launch(mla_softmax_split_k<V>, g, 256, 0, S, dense, npools, tail, pools, dpos, t0, H, P, K, Npad, scale, \
+                         shared, (uint32_t *)P2)
+  if (Npad <= 512) SMX(1);
+  else if (Npad <= 1024) SMX(2);
+  else if (Npad <= 2048) SMX(4);
+  else if (Npad <= 4096) SMX(8);
+  else SMX(16); /* Npad <= SPLIT_MAXROWS (attn_split) */
+#undef SMX
+  return GK_LAUNCHED("mla softmax");
+}
+
+static size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
+static int rnd8(int n) { return (n + 7) & ~7; }
+
+/* gk_mla_attn_gemm in the split arithmetics with nt terms: bf16 GEMMs over
+ * nt-times-longer sums. Sub-chunks whose rows fit SPLIT_MAXROWS and at
+ * most 4 selections' worth take the scores of every cache row of the chunk
+ * in one GEMM (the latent split once per call and shared by all heads and
+ * tokens, the selection a mask in the softmax: up to ~2x the products of
+ * the selected rows, but dense GEMMs and no gather); longer contexts gather
+ * each token's rows and run one GEMM per token (batched). Rows per
+ * sub-chunk are padded to a multiple of 8 (16-byte leading dimensions). */
+static int attn_split(const float *qt, const float *latent, const int *dense, const int *npools, const int *tail,
+                      const int *pools, int T, const int *dpos, int pos0, int H, int kl, int P, int K, float scale,
+                      float *ob, int nt) {
+  const size_t budget = (size_t)768 << 20; /* scratch bytes per sub-chunk */
+  const int selmax = (K + 1) * P, ctx = pos0 + T;
+  int shared_max = 4 * selmax < SPLIT_MAXROWS ? 4 * selmax : SPLIT_MAXROWS;
+  shared_max &= ~7;
+  const uint16_t *L3 = NULL;
+  int lrows = 0; /* rows of the split latent L3 (zero past ctx) */
+  if (pos0 + (T < 32 ? T : 32) <= shared_max) {
+    lrows = rnd8(ctx) < shared_max ? rnd8(ctx) : shared_max;
+    uint16_t *l3 = (uint16_t *)buf(1, (size_t)lrows * nt * kl * 2);
+    if (!l3) return -1;
+    const int have = ctx < lrows ? ctx : lrows;
+    gk_launch(split_rows_k, (unsigned)(((size_t)lrows * kl / 2 + 255) / 256), 256, 0, latent, (size_t)kl, have, lrows, kl, nt,
+              SPLIT_LO_B(nt), l3);
+    if (GK_LAUNCHED("mla split latent")) return -1;
+    L3 = l3;
+  }
+  const float one = 1.f, zero = 0.f;
+  for (int t0 = 0; t0 < T;) {
+    /* rows past a token's own position are masked: sub-chunks of at most
+     * 1/8 of the position (32 tokens at least) keep that under ~6% */
+    int tc = (pos0 + t0) / 8 > 32 ? (pos0 + t0) / 8 : 32;
+    if (tc > T - t0) tc = T - t0;
+    int Npad = rnd8(pos0 + t0 + tc);
+    const int shared = Npad <= lrows;
+    if (!shared) {
+      tc = T - t0;
+      Npad = rnd8(ctx < selmax ? ctx : selmax);
+    }
+    const size_t per_tok = (size_t)H * Npad * 4 + (size_t)H * 2 * Npad * 2 + (size_t)H * nt * kl * 2 +
+                           (shared ? 0 : (size_t)Npad * nt * kl * 2);
+    size_t cap = budget / per_tok;
+    if (cap < 1) cap = 1;
+    if ((size_t)tc > cap) tc = (int)cap;
+    const size_t sb = al256((size_t)tc * H * Npad * 4), pb = al256((size_t)tc * H * 2 * Npad * 2),
+                 qb = al256((size_t)tc * H * nt * kl * 2);
+    char *b = (char *)buf(0, sb + pb + qb + (shared ? 0 : (size_t)tc * Npad * nt * kl * 2));
+    if (!b) return -1;
+    float *S = (float *)b;
+    uint16_t *P2 = (uint16_t *)(b + sb), *Q3 = (uint16_t *)(b + sb + pb), *G3 = shared ? NULL : (uint16_t *)(b + sb + pb + qb);
+    gk_launch(split_rows_k, (unsigned)(((size_t)tc * H * kl / 2 + 255) / 256), 256, 0, qt + (size_t)t0 * H * kl, (size_t)kl,
+              tc * H, tc * H, kl, nt, SPLIT_LO_A(nt), Q3);
+    if (GK_LAUNCHED("mla split queries")) return -1;
+    if (!shared) {
+      gk_launch(mla_gather_split_k, dim3(tc, (Npad + 7) / 8), 256, 0, latent, dense, npools, tail, pools, dpos, t0, P, K, kl,
+                Npad, nt, SPLIT_LO_B(nt), G3);
+      if (GK_LAUNCHED("mla gather")) return -1;
+    }
+    const int kq = nt * kl;
+    cublasStatus_t st;
+    /* column-major, as in gk_mla_attn_gemm: S^T [Npad x cols] = L3 (rows of kq) x Q3^T */
+    if (shared)
+      st = cublasGemmEx(g_h, CUBLAS_OP_T, CUBLAS_OP_N, Npad, tc * H, kq, &one, L3, CUDA_R_16BF, kq, Q3, CUDA_R_16BF, kq,
+                        &zero, S, CUDA_R_32F, Npad, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    else
+      st = cublasGemmStridedBatchedEx(g_h, CUBLAS_OP_T, CUBLAS_OP_N, Npad, H, kq, &one, G3, CUDA_R_16BF, kq,
+                                      (long long)Npad * kq, Q3, CUDA_R_16BF, kq, (long long)H * kq, &zero, S, CUDA_R_32F,
+                                      Npad, (long long)H * Npad, tc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS)
+      return gk_fail("mla gemm %s: scores GEMM failed (%d x %d x %d)", gk_mla_math_name(nt == 3 ? GK_MLA_BF16X3 : GK_MLA_BF16X4),
+                     Npad, tc * H, kq);
+    if (GK_LAUNCHED("mla scores gemm") ||
+        softmax_split(S, dense, npools, tail, pools, dpos, t0, tc, H, P, K, Npad, scale, shared, P2))
+      return -1;
+    /* o^T [kl x cols] = sum over the term pairs (P plane, latent chunk) of
+     * chunk^T x plane^T: chunk j is the j-th kl-slice of every L3 (G3) row,
+     * lda = kq; a row's planes (hi, lo) are Npad apart, rows 2 * Npad */
+    float *o = ob + (size_t)t0 * H * kl;
+    static const int pa[4] = {0, 0, 1, 1}, lb[4] = {0, 1, 2, 3}; /* plane, chunk: hi.hi, hi.lo, lo.hi[, lo.lo] */
+    for (int j = 0; j < nt; j++) {
+      const float *beta = j ? &one : &zero;
+      const uint16_t *Pj = P2 + (size_t)pa[j] * Npad, *Lj = (shared ? L3 : G3) + (size_t)lb[j] * kl;
+      if (shared)
+        st = cublasGemmEx(g_h, CUBLAS_OP_N, CUBLAS_OP_N, kl, tc * H, Npad, &one, Lj, CUDA_R_16BF, kq, Pj, CUDA_R_16BF,
+                          2 * Npad, beta, o, CUDA_R_32F, kl, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      else
+        st = cublasGemmStridedBatchedEx(g_h, CUBLAS_OP_N, CUBLAS_OP_N, kl, H, Npad, &one, Lj, CUDA_R_16BF, kq,
+                                        (long long)Npad * kq, Pj, CUDA_R_16BF, 2 * Npad, (long long)H * 2 * Npad, beta, o,
+                                        CUDA_R_32F, kl, (long long)H * kl, tc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      if (st != CUBLAS_STATUS_SUCCESS)
+        return gk_fail("mla gemm %s: output GEMM %d failed (%d x %d x %d)",
+                       gk_mla_math_name(nt == 3 ? GK_MLA_BF16X3 : GK_MLA_BF16X4), j, kl, tc * H, Npad);
+    }
+    if (GK_LAUNCHED("mla output gemm")) return -1;
+    t0 += tc;
+  }
+  return 0;
+}
 #endif
 
 extern "C" int gk_mla_attn_gemm(const float *qt, const float *latent, const int *dense, const int *npools, const int *tail,
@@ -176,6 +452,10 @@ extern "C" int gk_mla_attn_gemm(const float *qt, const float *latent, const int 
   if (T <= 0) return 0;
   if (kl % 4) return 1;
   if (blas()) return -1;
+  const int mode = gk_mla_math();
+  if ((mode == GK_MLA_BF16X3 || mode == GK_MLA_BF16X4) && (K + 1) * P <= SPLIT_MAXROWS)
+    return attn_split(qt, latent, dense, npools, tail, pools, T, dpos, pos0, H, kl, P, K, scale, ob,
+                      mode == GK_MLA_BF16X3 ? 3 : 4);
   const size_t budget = (size_t)768 << 20; /* scratch bytes for G and S per sub-chunk */
   const int prefix_until = (K + 1) * P - 1; /* positions < this select a cache prefix */
   for (int t0 = 0; t0 < T;) {
@@ -201,7 +481,7 @@ extern "C" int gk_mla_attn_gemm(const float *qt, const float *latent, const int 
     if (cap < 1) cap = 1;
     if ((size_t)tc > cap) tc = (int)cap;
     const size_t s_bytes = ((size_t)tc * H * Npad * 4 + 255) & ~(size_t)255; /* G is written as float4 */
-    char *b = (char *)buf(s_bytes + (prefix ? 0 : (size_t)tc * Npad * kl * 4));
+    char *b = (char *)buf(0, s_bytes + (prefix ? 0 : (size_t)tc * Npad * kl * 4));
     if (!b) return -1;
     float *S = (float *)b, *G = prefix ? NULL : (float *)(b + s_bytes);
     const float *A = latent;
@@ -213,13 +493,13 @@ extern "C" int gk_mla_attn_gemm(const float *qt, const float *latent, const int 
       strideA = (long long)Npad * kl;
     }
     const float one = 1.f, zero = 0.f;
-    const int mode = gk_mla_math();
+    /* the split modes get here for selections too long for their softmax: fp32-accurate then */
 #if GK_HIP
     cublasComputeType_t ct = mode == GK_MLA_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
 #else
-    cublasComputeType_t ct = mode == GK_MLA_TF32     ? CUBLAS_COMPUTE_32F_FAST_TF32
-                             : mode == GK_MLA_BF16X9 ? CUBLAS_COMPUTE_32F_EMULATED_16BFX9
-                                                     : CUBLAS_COMPUTE_32F;
+    cublasComputeType_t ct = mode == GK_MLA_TF32               ? CUBLAS_COMPUTE_32F_FAST_TF32
+                             : mode == GK_MLA_FP32 || g_no_x9 ? CUBLAS_COMPUTE_32F
+                                                               : CUBLAS_COMPUTE_32F_EMULATED_16BFX9;
 #endif
     /* a batch of one GEMM per token; tokens over a shared cache prefix
      * (stride 0) are one GEMM of tc * H columns: the q~ rows, S rows and
@@ -232,12 +512,15 @@ extern "C" int gk_mla_attn_gemm(const float *qt, const float *latent, const int 
                                         Npad, (long long)H * Npad, nb, ct, CUBLAS_GEMM_DEFAULT);
     };
     cublasStatus_t st = scores();
-    if (st != CUBLAS_STATUS_SUCCESS && mode == GK_MLA_BF16X9) { /* emulation not offered here: fp32 from now on */
+#if !GK_HIP
+    if (st != CUBLAS_STATUS_SUCCESS && ct == CUBLAS_COMPUTE_32F_EMULATED_16BFX9) { /* not offered here: fp32 from now on */
       fprintf(stderr, "glm53 warn: gpu: cuBLAS has no bf16x9-emulated fp32 GEMM on this device; MLA GEMM form in fp32\n");
-      g_math = GK_MLA_FP32;
+      g_no_x9 = 1;
+      if (g_math == GK_MLA_BF16X9) g_math = GK_MLA_FP32;
       ct = CUBLAS_COMPUTE_32F;
       st = scores();
     }
+#endif
     if (st != CUBLAS_STATUS_SUCCESS) return gk_fail("mla gemm: scores GEMM failed (%d x %d x %d, batch %d)", Npad, nh, kl, nb);
     if (GK_LAUNCHED("mla scores gemm") || softmax(S, dense, npools, tail, dpos, t0, tc, H, P, Npad, scale)) return -1;
     /* o_t^T [kl x H] = G_t^T [kl x Npad] x P_t^T [Npad x H] */

@@ -103,13 +103,6 @@ extern "C" int gk_moe_sort(const int *idx, int np, int E, int *perm, int *off) {
 }
 
 #if GK_HAVE_BLAS
-/* fp32 -> bf16 bits, round to nearest even (__float2bfloat16's result) */
-__device__ __forceinline__ uint32_t bf16_bits(float f) {
-  const uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u; /* NaN */
-  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-}
-
 /* for each compact slot s (expert e, padded row r = poff[e] + s - off[e]):
  * xs[r][:] = bf16(x[pair / k][:]) and erow[pair] = r; one block per slot */
 template <bool V4>
