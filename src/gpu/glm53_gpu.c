@@ -526,7 +526,7 @@ static void gpu_session_reset(glm53_session *ss) {
 
 /* ---------------- activations arena ---------------- */
 typedef struct {
-  float *X, *mixraw, *post, *comb, *y, *a;
+  float *X, *mixraw, *ssq, *post, *comb, *y, *a;
   float *raw, *qkv, *fa, *g, *beta, *z, *o;                  /* KDA */
   float *r, *q, *ckv, *iq, *iw, *kk, *kg, *mo, *score, *qt, *ob, *apart; /* MLA */
   int *dense, *npools, *tail, *pools;
@@ -565,7 +565,7 @@ static size_t layout(const glm53_config *c, int T, int maxpool, size_t part, cha
   const size_t I = c->moe_intermediate_size, Is = I * (c->n_shared_experts > 0 ? c->n_shared_experts : 1);
   const size_t F = sizeof(float);
 #define C_(f, n) carve(base, &off, (n), (void **)&A->f)
-  C_(X, Tz * hc * D * F); C_(mixraw, Tz * mix * F); C_(post, Tz * hc * F); C_(comb, Tz * hc * hc * F);
+  C_(X, Tz * hc * D * F); C_(mixraw, Tz * mix * F); C_(ssq, Tz * F); C_(post, Tz * hc * F); C_(comb, Tz * hc * hc * F);
   C_(y, Tz * D * F); C_(a, Tz * D * F);
   C_(raw, Tz * 3 * inner * F); C_(qkv, Tz * 3 * inner * F); C_(fa, Tz * 2 * lhd * F); /* fa | ga outputs */ C_(g, Tz * inner * F);
   C_(beta, Tz * c->linear_num_heads * F); C_(z, Tz * inner * F); C_(o, Tz * inner * F);
@@ -813,10 +813,23 @@ static int moe_dev(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
   return rc ? -1 : 0;
 }
 
+/* gk_mhc_proj from this many tokens (GLM53_GPU_MHC_PROJ=0: never): its
+ * blocks take 16 tokens each and no split of the columns, so it needs a
+ * device's worth of blocks (H200, 4096-token prefill: 4 ms faster than the
+ * SGEMM + two-pass pre; at 64 batched decode tokens it ran 16 ms slower) */
+#define MHC_PROJ_MIN 2048
+static int mhc_proj_on(void) {
+  static int on = -1;
+  if (on < 0) on = !(getenv("GLM53_GPU_MHC_PROJ") && !strcmp(getenv("GLM53_GPU_MHC_PROJ"), "0"));
+  return on;
+}
 static int site(const glm53_config *c, const ghc *hw, const float *norm_w, acts *A, int T) {
   const int D = c->hidden_size, hc = c->hc_mult, mix = (2 + hc) * hc;
-  TRY(gk_matmul(&hw->fn, A->X, T, hc * D, A->mixraw, mix));
-  return gk_mhc_pre(A->X, A->mixraw, hw->base, hw->scale, norm_w, T, hc, D, c->hc_sinkhorn_iters, c->hc_eps,
+  /* long chunks: the projection and the sum of squares in one pass over X */
+  int rc = 1;
+  if (T >= MHC_PROJ_MIN && mhc_proj_on()) TRY((rc = gk_mhc_proj(&hw->fn, A->X, T, hc, D, A->mixraw, A->ssq)) < 0);
+  if (rc) TRY(gk_matmul(&hw->fn, A->X, T, hc * D, A->mixraw, mix));
+  return gk_mhc_pre(A->X, A->mixraw, rc ? NULL : A->ssq, hw->base, hw->scale, norm_w, T, hc, D, c->hc_sinkhorn_iters, c->hc_eps,
                     c->rms_norm_eps, A->post, A->comb, A->y);
 }
 

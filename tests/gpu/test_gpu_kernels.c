@@ -424,7 +424,7 @@ static void mhc_pre_case(int T, int D) {
     rmsnorm(ry + (size_t)t * D, ry + (size_t)t * D, nw, D, c.rms_norm_eps);
   }
   int rc = gk_matmul(&g, dX, T, n, dmix, mix) ||
-           gk_mhc_pre(dX, dmix, dbase, dsc, dnw, T, hc, D, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, dpost, dcomb, dy) ||
+           gk_mhc_pre(dX, dmix, NULL, dbase, dsc, dnw, T, hc, D, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, dpost, dcomb, dy) ||
            gk_d2h(gy, dy, (size_t)T * D * 4) || gk_d2h(gp, dpost, (size_t)T * hc * 4) ||
            gk_d2h(gc, dcomb, (size_t)T * hc * hc * 4);
   const double ey = rc ? INFINITY : rel(gy, ry, (size_t)T * D), ep = rc ? INFINITY : rel(gp, rp, (size_t)T * hc);
@@ -432,6 +432,30 @@ static void mhc_pre_case(int T, int D) {
   CHECK(rc == 0, "mhc pre: %s", gk_error());
   CHECK(ey <= 1e-4 && ep <= 1e-4 && ec <= 1e-4, "mhc pre D %d: y %.3g post %.3g comb %.3g (tol 1e-4)", D, ey, ep, ec);
   printf("mhc pre, %d tokens, D %d: vs CPU y %.2g post %.2g comb %.2g (tol 1e-4)\n", T, D, ey, ep, ec);
+  if (T >= 64) { /* long launches (from 1024 tokens) cache the streams in shared memory: the same bits as 2 tokens alone */
+    float *dy2 = gk_malloc((size_t)2 * D * 4), *dp2 = gk_malloc((size_t)2 * hc * 4), *dc2 = gk_malloc((size_t)2 * hc * hc * 4);
+    const int rc2 = gk_mhc_pre(dX, dmix, NULL, dbase, dsc, dnw, 2, hc, D, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, dp2, dc2, dy2);
+    const int same = !rc2 && dsame(dy2, dy, (size_t)2 * D) && dsame(dp2, dpost, (size_t)2 * hc) && dsame(dc2, dcomb, (size_t)2 * hc * hc);
+    CHECK(same, "mhc pre D %d: %d tokens differ from 2 alone", D, T);
+    printf("mhc pre, %d tokens, D %d: first 2 bitwise as 2 alone: %s\n", T, D, same ? "yes" : "NO");
+    gk_free(dy2); gk_free(dp2); gk_free(dc2);
+    /* the one-pass projection + sum of squares (gk_mhc_proj) feeding gk_mhc_pre */
+    float *dss = gk_malloc((size_t)T * 4);
+    int rc3 = gk_mhc_proj(&g, dX, T, hc, D, dmix, dss);
+    if (rc3 == 1) printf("mhc proj: not applicable\n");
+    else {
+      rc3 = rc3 || gk_mhc_pre(dX, dmix, dss, dbase, dsc, dnw, T, hc, D, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, dpost,
+                              dcomb, dy) ||
+            gk_d2h(gy, dy, (size_t)T * D * 4) || gk_d2h(gp, dpost, (size_t)T * hc * 4) ||
+            gk_d2h(gc, dcomb, (size_t)T * hc * hc * 4);
+      const double fy = rc3 ? INFINITY : rel(gy, ry, (size_t)T * D), fp = rc3 ? INFINITY : rel(gp, rp, (size_t)T * hc);
+      const double fc = rc3 ? INFINITY : rel(gc, rc_, (size_t)T * hc * hc);
+      CHECK(rc3 == 0, "mhc proj: %s", gk_error());
+      CHECK(fy <= 1e-4 && fp <= 1e-4 && fc <= 1e-4, "mhc proj+pre D %d: y %.3g post %.3g comb %.3g (tol 1e-4)", D, fy, fp, fc);
+      printf("mhc proj+pre (one pass), %d tokens, D %d: vs CPU y %.2g post %.2g comb %.2g (tol 1e-4)\n", T, D, fy, fp, fc);
+    }
+    gk_free(dss);
+  }
   free(fn); free(base); free(sc); free(X); free(nw); free(ry); free(gy); free(rp); free(gp); free(rc_); free(gc);
   gk_free(dfn); gk_free(dbase); gk_free(dsc); gk_free(dX); gk_free(dnw); gk_free(dmix); gk_free(dpost); gk_free(dcomb);
   gk_free(dy);
@@ -940,6 +964,8 @@ int main(void) {
   mhc_pre_case(3, 8196);
   mhc_pre_case(2, 302);
   mhc_pre_case(2, 4096);
+  mhc_pre_case(1030, 4096); /* 64 KB of streams per token: cached in shared memory */
+  mhc_pre_case(64, 8196);   /* 128 KB: not cached */
   select_case(1000, 512); /* shared-memory sort, 1024 slots */
   select_case(1024, 512); /* a full power of two */
   select_case(70, 16);

@@ -141,10 +141,15 @@ int gk_layernorm(float *y, int ldy, const float *x, int ldx, const float *w, con
 int gk_swiglu(float *g, const float *u, size_t n, float limit);  /* g = swiglu(g, u) */
 /* the same on rows p (of n elements) whose idx[p] == only */
 int gk_swiglu_only(float *g, const float *u, const int *idx, int npairs, int n, int only, float limit);
-/* mHC site: mixraw[T][mix] = fn . X (unnormalised, from gk_matmul), then
- * post/comb and y = rmsnorm(sum pre_s X_s) * norm_w. */
-int gk_mhc_pre(const float *X, const float *mixraw, const float *base, const float *scale, const float *norm_w, int T,
-               int hc, int D, int iters, float hc_eps, float rms_eps, float *post, float *comb, float *y);
+/* mHC site: mixraw[T][mix] = fn . X (unnormalised, from gk_matmul or
+ * gk_mhc_proj), then post/comb and y = rmsnorm(sum pre_s X_s) * norm_w;
+ * ssq: each token's sum of squares of X (gk_mhc_proj), or NULL (computed) */
+int gk_mhc_pre(const float *X, const float *mixraw, const float *ssq, const float *base, const float *scale,
+               const float *norm_w, int T, int hc, int D, int iters, float hc_eps, float rms_eps, float *post, float *comb,
+               float *y);
+/* mixraw = fn . X and ssq[T] in one pass over X (fp32, another summation
+ * order than gk_matmul): 0, -1, or 1 when fn is not f32 [24][4 D] (hc 4) */
+int gk_mhc_proj(const gpu_mat *fn, const float *X, int T, int hc, int D, float *mixraw, float *ssq);
 int gk_mhc_post(float *X, const float *a, const float *post, const float *comb, int T, int hc, int D);
 /* the same after a MoE: a = a (shared expert) + the routed outputs eo
  * weighted by wt in ascending expert id, as gk_moe_combine adds them (same

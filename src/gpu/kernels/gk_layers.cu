@@ -153,22 +153,26 @@ __device__ __forceinline__ float4 mhc_collapse4(const float4 *X4, const float *p
   s2 += a.w * a.w;
   return a;
 }
-template <bool VEC>
-__global__ void mhc_pre_k(const float *X, const float *mixraw, const float *base, const float *scale, const float *norm_w,
-                          int hc, int D, int iters, float hc_eps, float rms_eps, float *post, float *comb, float *y) {
+template <bool VEC, bool CACHE>
+__global__ void mhc_pre_k(const float *X, const float *mixraw, const float *ssq, const float *base, const float *scale,
+                          const float *norm_w, int hc, int D, int iters, float hc_eps, float rms_eps, float *post, float *comb,
+                          float *y) {
   GK_PDL_BEGIN();
   __shared__ float sh[32];
   __shared__ float pre[MAX_HC];
+  extern __shared__ float4 mhc_xs[]; /* CACHE: the token's streams, read once from memory */
   const int t = blockIdx.x, n = hc * D, mix = (2 + hc) * hc, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const float *Xt = X + (size_t)t * n;
-  const float4 *X4 = (const float4 *)Xt;
+  const float4 *X4 = CACHE ? mhc_xs : (const float4 *)Xt;
   const float *mu = mixraw + (size_t)t * mix;
   const int D4 = D / 4;
   float ss = 0;
-  if (VEC) {
+  if (ssq) { /* gk_mhc_proj's sum of squares: no first pass over X */
+  } else if (VEC) {
 #pragma unroll 8
     for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
-      const float4 v = X4[i];
+      const float4 v = ((const float4 *)Xt)[i];
+      if (CACHE) mhc_xs[i] = v; /* visible to the collapse after block_sum's barriers */
       ss += v.x * v.x;
       ss += v.y * v.y;
       ss += v.z * v.z;
@@ -178,7 +182,7 @@ __global__ void mhc_pre_k(const float *X, const float *mixraw, const float *base
 #pragma unroll 8
     for (int i = threadIdx.x; i < n; i += blockDim.x) ss += Xt[i] * Xt[i];
   }
-  ss = block_sum(ss, sh);
+  ss = ssq ? ssq[t] : block_sum(ss, sh);
   const float r = 1.0f / sqrtf(ss / n + rms_eps);
   if (threadIdx.x < hc) {
     pre[threadIdx.x] = sigm(scale[0] * (mu[threadIdx.x] * r) + base[threadIdx.x]) + hc_eps;
@@ -269,15 +273,139 @@ __global__ void mhc_pre_k(const float *X, const float *mixraw, const float *base
     }
   }
 }
-extern "C" int gk_mhc_pre(const float *X, const float *mixraw, const float *base, const float *scale, const float *norm_w,
-                          int T, int hc, int D, int iters, float hc_eps, float rms_eps, float *post, float *comb, float *y) {
+/* the cached form's dynamic shared memory opt-in (once per size) */
+static bool mhc_cache_smem(size_t bytes) {
+  static size_t done;
+  if (bytes <= done) return true;
+  if (cudaFuncSetAttribute((const void *)mhc_pre_k<true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes) !=
+      cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  done = bytes;
+  return true;
+}
+extern "C" int gk_mhc_pre(const float *X, const float *mixraw, const float *ssq, const float *base, const float *scale,
+                          const float *norm_w, int T, int hc, int D, int iters, float hc_eps, float rms_eps, float *post,
+                          float *comb, float *y) {
   if (hc > MAX_HC) return gk_fail("mhc: hc_mult %d above %d", hc, MAX_HC);
   const bool vec = D % 4 == 0 && (uintptr_t)X % 16 == 0 && (uintptr_t)y % 16 == 0 && (uintptr_t)norm_w % 16 == 0;
-  if (vec)
-    gk_launch(mhc_pre_k<true>, T, 256, 0, X, mixraw, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post, comb, y);
+  /* long chunks: the streams cached in shared memory between the two passes
+   * (at prefill the second pass otherwise rereads X from memory: the blocks
+   * in flight hold more than L2; below ~1K tokens it stays in L2); same
+   * arithmetic. GLM53_GPU_MHC_CACHE=0: off */
+  static int cache_on = -1;
+  if (cache_on < 0) cache_on = !(getenv("GLM53_GPU_MHC_CACHE") && !strcmp(getenv("GLM53_GPU_MHC_CACHE"), "0"));
+  const size_t xs = (size_t)hc * D * sizeof(float);
+  if (vec && !ssq && cache_on && T >= 1024 && xs <= 96 * 1024 && mhc_cache_smem(xs))
+    gk_launch(mhc_pre_k<true, true>, T, 256, xs, X, mixraw, ssq, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post, comb,
+              y);
+  else if (vec)
+    gk_launch(mhc_pre_k<true, false>, T, 256, 0, X, mixraw, ssq, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post, comb,
+              y);
   else
-    gk_launch(mhc_pre_k<false>, T, 256, 0, X, mixraw, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post, comb, y);
+    gk_launch(mhc_pre_k<false, false>, T, 256, 0, X, mixraw, ssq, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post,
+              comb, y);
   return GK_LAUNCHED("mhc_pre");
+}
+
+/* mixraw[t][o] = fn[o] . X_t and ssq[t] = X_t . X_t in one pass over X for
+ * long chunks (instead of a cuBLAS SGEMM with 24 rows, ~1.7 TB/s, and the
+ * sum-of-squares pass of mhc_pre_k). A warp owns MP_TW tokens, lane l the
+ * float4 columns l, l + 32, ... of the flattened streams; the block stages
+ * fn 32 float4 columns at a time (double-buffered, one barrier per slice)
+ * and prefetches the next slice of X; per lane the products run in column
+ * order, then one tree reduction over the lanes: fixed order, deterministic
+ * (another order than cuBLAS: equal within fp32 rounding). */
+#define MP_TW 2
+#define MP_SL 32
+template <int MIX>
+__global__ void __launch_bounds__(256) mhc_proj_k(const float *X, const float *fn, int T, int n4, float *mixraw, float *ssq) {
+  GK_PDL_BEGIN();
+  __shared__ float4 fs[2][MIX][MP_SL];
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, tA = (blockIdx.x * 8 + w) * MP_TW;
+  const float4 *X4 = (const float4 *)X, *F4 = (const float4 *)fn;
+  const float4 z4 = make_float4(0.f, 0.f, 0.f, 0.f);
+  constexpr int FPT = (MIX * MP_SL + 255) / 256; /* fn float4 per thread per slice */
+  float acc[MP_TW][MIX + 1];
+#pragma unroll
+  for (int u = 0; u < MP_TW; u++)
+#pragma unroll
+    for (int o = 0; o <= MIX; o++) acc[u][o] = 0.f;
+  const int ns = (n4 + MP_SL - 1) / MP_SL;
+  float4 f[FPT], x[MP_TW], xn[MP_TW];
+  auto ldf = [&](int sl) {
+#pragma unroll
+    for (int j = 0; j < FPT; j++) {
+      const int i = threadIdx.x + j * 256, o = i / MP_SL, c = sl * MP_SL + i % MP_SL;
+      f[j] = i < MIX * MP_SL && c < n4 ? F4[(size_t)o * n4 + c] : z4;
+    }
+  };
+  auto stf = [&](int b) {
+#pragma unroll
+    for (int j = 0; j < FPT; j++) {
+      const int i = threadIdx.x + j * 256;
+      if (i < MIX * MP_SL) fs[b][i / MP_SL][i % MP_SL] = f[j];
+    }
+  };
+  auto ldx = [&](int sl, float4 *v) {
+    const int c = sl * MP_SL + lane;
+#pragma unroll
+    for (int u = 0; u < MP_TW; u++) v[u] = c < n4 && tA + u < T ? X4[(size_t)(tA + u) * n4 + c] : z4;
+  };
+  ldf(0);
+  stf(0);
+  ldx(0, x);
+  __syncthreads();
+  for (int sl = 0; sl < ns; sl++) {
+    const int b = sl & 1;
+    if (sl + 1 < ns) {
+      ldf(sl + 1);
+      ldx(sl + 1, xn);
+    }
+#pragma unroll
+    for (int u = 0; u < MP_TW; u++) {
+      acc[u][MIX] += x[u].x * x[u].x;
+      acc[u][MIX] += x[u].y * x[u].y;
+      acc[u][MIX] += x[u].z * x[u].z;
+      acc[u][MIX] += x[u].w * x[u].w;
+    }
+#pragma unroll
+    for (int o = 0; o < MIX; o++) {
+      const float4 g = fs[b][o][lane];
+#pragma unroll
+      for (int u = 0; u < MP_TW; u++) {
+        acc[u][o] += g.x * x[u].x;
+        acc[u][o] += g.y * x[u].y;
+        acc[u][o] += g.z * x[u].z;
+        acc[u][o] += g.w * x[u].w;
+      }
+    }
+    if (sl + 1 < ns) {
+      stf(b ^ 1); /* the buffer read in the previous slice, released by its barrier */
+#pragma unroll
+      for (int u = 0; u < MP_TW; u++) x[u] = xn[u];
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int u = 0; u < MP_TW; u++)
+#pragma unroll
+    for (int o = 0; o <= MIX; o++) {
+      const float v = warp_sum(acc[u][o]);
+      if (lane == 0 && tA + u < T) {
+        if (o < MIX) mixraw[(size_t)(tA + u) * MIX + o] = v;
+        else ssq[tA + u] = v;
+      }
+    }
+}
+extern "C" int gk_mhc_proj(const gpu_mat *fn, const float *X, int T, int hc, int D, float *mixraw, float *ssq) {
+  const int n = hc * D, mix = (2 + hc) * hc;
+  if (fn->fmt != GF_F32 || fn->rows != mix || fn->cols != n || mix != 24 || n % 4 || (uintptr_t)X % 16 ||
+      (uintptr_t)fn->d % 16)
+    return 1;
+  gk_launch(mhc_proj_k<24>, gk_blocks((size_t)T, 8 * MP_TW), 256, 0, X, (const float *)fn->d, T, n / 4, mixraw, ssq);
+  return GK_LAUNCHED("mhc proj") ? -1 : 0;
 }
 
 /* the sublayer output of token t, column d: a, or after a MoE a plus the
@@ -326,10 +454,13 @@ __device__ __forceinline__ int moe_order(const int *idx, int t, int k, int *ord)
   return nv;
 }
 
-template <bool MOE>
+/* HCT: hc compiled in (4, the config's) so the streams stay in registers;
+ * 0: hc at run time */
+template <bool MOE, int HCT>
 __global__ void mhc_post_k(float *X, const float *a, const float *eo, const int *erow, const int *idx, const float *wt, int k,
-                           const float *post, const float *comb, int T, int hc, int D) {
+                           const float *post, const float *comb, int T, int hc_, int D) {
   GK_PDL_BEGIN();
+  const int hc = HCT ? HCT : hc_;
   __shared__ int ord[64];
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
   int t = (int)(i / D), d = (int)(i % D), nv = -1;
@@ -338,12 +469,17 @@ __global__ void mhc_post_k(float *X, const float *a, const float *eo, const int 
     if (b0 / D == b1 / D) nv = moe_order(idx, (int)(b0 / D), k, ord);
   }
   if (i >= (size_t)T * D) return;
-  float old[MAX_HC];
+  float old[HCT ? HCT : MAX_HC];
   float *Xt = X + (size_t)t * hc * D;
-  for (int g = 0; g < hc; g++) old[g] = Xt[(size_t)g * D + d];
+#pragma unroll
+  for (int g = 0; g < (HCT ? HCT : MAX_HC); g++)
+    if (g < hc) old[g] = Xt[(size_t)g * D + d];
   float y = a[(size_t)t * D + d];
   if (MOE && nv >= 0) {
-    for (int r = 0; r < nv; r++) { /* moe_sum's additions, same order */
+    /* moe_sum's additions, same order (loading all eight outputs before the
+     * first addition measured slower: 29.8 vs 26.9 ms per 4096-token
+     * prefill, the registers halve the blocks per SM) */
+    for (int r = 0; r < nv; r++) {
       const size_t p = (size_t)t * k + ord[r];
       y += wt[p] * eo[(erow ? (size_t)erow[p] : p) * D + d];
     }
@@ -351,20 +487,31 @@ __global__ void mhc_post_k(float *X, const float *a, const float *eo, const int 
     y = moe_sum(y, eo, erow, idx, wt, t, k, D, d);
   }
   const float *cb = comb + (size_t)t * hc * hc;
-  for (int h = 0; h < hc; h++) {
-    float acc = post[t * hc + h] * y;
-    for (int g = 0; g < hc; g++) acc += cb[g * hc + h] * old[g];
-    Xt[(size_t)h * D + d] = acc;
-  }
+#pragma unroll
+  for (int h = 0; h < (HCT ? HCT : MAX_HC); h++)
+    if (h < hc) {
+      float acc = post[t * hc + h] * y;
+#pragma unroll
+      for (int g = 0; g < (HCT ? HCT : MAX_HC); g++)
+        if (g < hc) acc += cb[g * hc + h] * old[g];
+      Xt[(size_t)h * D + d] = acc;
+    }
 }
 extern "C" int gk_mhc_post(float *X, const float *a, const float *post, const float *comb, int T, int hc, int D) {
-  gk_launch(mhc_post_k<false>, gk_blocks((size_t)T * D, 256), 256, 0, X, a, (const float *)NULL, (const int *)NULL,
-            (const int *)NULL, (const float *)NULL, 0, post, comb, T, hc, D);
+  const dim3 g = gk_blocks((size_t)T * D, 256);
+  if (hc == 4)
+    gk_launch(mhc_post_k<false, 4>, g, 256, 0, X, a, (const float *)NULL, (const int *)NULL, (const int *)NULL,
+              (const float *)NULL, 0, post, comb, T, hc, D);
+  else
+    gk_launch(mhc_post_k<false, 0>, g, 256, 0, X, a, (const float *)NULL, (const int *)NULL, (const int *)NULL,
+              (const float *)NULL, 0, post, comb, T, hc, D);
   return GK_LAUNCHED("mhc_post");
 }
 extern "C" int gk_mhc_post_moe(float *X, const float *a, const float *eo, const int *erow, const int *idx, const float *wt,
                                int k, const float *post, const float *comb, int T, int hc, int D) {
-  gk_launch(mhc_post_k<true>, gk_blocks((size_t)T * D, 256), 256, 0, X, a, eo, erow, idx, wt, k, post, comb, T, hc, D);
+  const dim3 g = gk_blocks((size_t)T * D, 256);
+  if (hc == 4) gk_launch(mhc_post_k<true, 4>, g, 256, 0, X, a, eo, erow, idx, wt, k, post, comb, T, hc, D);
+  else gk_launch(mhc_post_k<true, 0>, g, 256, 0, X, a, eo, erow, idx, wt, k, post, comb, T, hc, D);
   return GK_LAUNCHED("mhc_post_moe");
 }
 
@@ -465,7 +612,7 @@ extern "C" int gk_kda_prep(float *qkv, int T, int H, int hd, float qscale) {
  * conv state of its channels (each lane owns its channels; their old rows
  * are read before they are overwritten), so decode needs no second
  * launch. */
-template <bool SEQ>
+template <bool SEQ, int MM, int KT>
 __global__ void kda_conv_prep_k(const float *raw, gk_batch b, const float *w, int T, int H, int hd, int K, float qscale,
                                 float *qkv) {
   GK_PDL_BEGIN();
@@ -488,27 +635,51 @@ __global__ void kda_conv_prep_k(const float *raw, gk_batch b, const float *w, in
   const int t0 = b.seg[sg].t0;
   float *st = b.seg[sg].ls[b.layer].p[GK_ST_CONV];
   for (int t = ta; t < tb; t++) {
-    float v[KDA_MAXM], ss = 0;
+    float v[MM], ss = 0;
+    if (KT > 0) { /* every tap of every channel loaded before the first product (kda_conv1's arithmetic) */
+      float x[MM][KT > 0 ? KT : 1], wv[MM][KT > 0 ? KT : 1];
 #pragma unroll
-    for (int m = 0; m < KDA_MAXM; m++) {
-      const int i = lane + 32 * m;
-      v[m] = 0.f;
-      if (i >= hd) continue;
-      v[m] = kda_conv1(raw, st, w, t, t0, c0 + i, ch, K);
-      ss += v[m] * v[m];
+      for (int m = 0; m < MM; m++) {
+        const int i = lane + 32 * m, j = c0 + i;
+#pragma unroll
+        for (int tau = 0; tau < KT; tau++) {
+          const int src = t - t0 - (KT - 1) + tau;
+          x[m][tau] = i >= hd ? 0.f : src >= 0 ? raw[(size_t)(t0 + src) * ch + j] : st[(size_t)(KT - 1 + src) * ch + j];
+          wv[m][tau] = i >= hd ? 0.f : w[(size_t)j * KT + tau];
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < MM; m++) {
+        float acc = 0;
+#pragma unroll
+        for (int tau = 0; tau < KT; tau++) acc += wv[m][tau] * x[m][tau];
+        v[m] = 0.f;
+        if (lane + 32 * m >= hd) continue;
+        v[m] = acc / (1.0f + expf(-acc));
+        ss += v[m] * v[m];
+      }
+    } else {
+#pragma unroll
+      for (int m = 0; m < MM; m++) {
+        const int i = lane + 32 * m;
+        v[m] = 0.f;
+        if (i >= hd) continue;
+        v[m] = kda_conv1(raw, st, w, t, t0, c0 + i, ch, K);
+        ss += v[m] * v[m];
+      }
     }
     float *out = qkv + (size_t)t * ch + c0;
     if (which < 2) {
       ss = warp_sum(ss);
       const float r = 1.0f / sqrtf(ss + 1e-6f);
 #pragma unroll
-      for (int m = 0; m < KDA_MAXM; m++) {
+      for (int m = 0; m < MM; m++) {
         const int i = lane + 32 * m;
         if (i < hd) out[i] = which == 0 ? (v[m] * r) * qscale : v[m] * r;
       }
     } else {
 #pragma unroll
-      for (int m = 0; m < KDA_MAXM; m++)
+      for (int m = 0; m < MM; m++)
         if (lane + 32 * m < hd) out[lane + 32 * m] = v[m];
     }
   }
@@ -522,13 +693,27 @@ extern "C" int gk_kda_conv_prep(const float *raw, const gk_batch *b, const float
   if (hd > 32 * KDA_MAXM) return gk_fail("kda: head dim %d above %d", hd, 32 * KDA_MAXM);
   if (batch_ok(b, "kda_conv_prep")) return -1;
   const int slots = 3 * H;
-  if (b->maxlen <= KDA_SEQ_MAX) {
-    gk_launch(kda_conv_prep_k<true>, dim3(gk_blocks((size_t)slots * 32, 256), b->nseg), 256, 0, raw, *b, w, T, H, hd, K,
-              qscale, qkv);
+  const bool seq = b->maxlen <= KDA_SEQ_MAX;
+  const dim3 grid = seq ? dim3(gk_blocks((size_t)slots * 32, 256), b->nseg) : dim3(gk_blocks((size_t)T * slots * 32, 256));
+  /* the head dim's registers per lane; the config's 4 taps unrolled */
+#define KCP(S, M, KK) gk_launch(kda_conv_prep_k<S, M, KK>, grid, 256, 0, raw, *b, w, T, H, hd, K, qscale, qkv)
+#define KCP_M(S, KK)                                                                                             \
+  do {                                                                                                           \
+    if (hd <= 32) KCP(S, 1, KK);                                                                                 \
+    else if (hd <= 64) KCP(S, 2, KK);                                                                            \
+    else if (hd <= 128) KCP(S, 4, KK);                                                                           \
+    else KCP(S, 8, KK);                                                                                          \
+  } while (0)
+  if (seq) {
+    if (K == 4) KCP_M(true, 4);
+    else KCP_M(true, 0);
   } else {
-    gk_launch(kda_conv_prep_k<false>, gk_blocks((size_t)T * slots * 32, 256), 256, 0, raw, *b, w, T, H, hd, K, qscale, qkv);
+    if (K == 4) KCP_M(false, 4);
+    else KCP_M(false, 0);
     gk_launch(kda_conv_state_k, dim3(gk_blocks(3 * H * hd, 256), b->nseg), 256, 0, raw, *b, 3 * H * hd, K);
   }
+#undef KCP_M
+#undef KCP
   return GK_LAUNCHED("kda_conv_prep");
 }
 
