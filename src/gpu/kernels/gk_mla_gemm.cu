@@ -1,6 +1,8 @@
-/* Absorbed MLA attention for long chunks (prefill) through fp32 cuBLAS
- * GEMMs instead of the per-(token, head) kernel of gk_layers.cu, which reads
- * every selected latent row once per head (64 times per token).
+/* Absorbed MLA attention for long chunks (prefill) through cuBLAS GEMMs
+ * instead of the per-(token, head) kernel of gk_layers.cu, which reads
+ * every selected latent row once per head (64 times per token). Two forms:
+ * the fp32 one described here (fp32, bf16x9, tf32), and the split-bf16 one
+ * of the default arithmetic (bf16x3, bf16x4; attn_split below).
  *
  * All heads of a token attend over the same selected latent rows, so per
  * token t with N_t selected rows G_t [N_t][kl]:
@@ -13,24 +15,28 @@
  * order and the tail follows it), so G_t is the cache itself (stride 0, no
  * copy; the padding rows are cache rows of this chunk, finite, weighted 0);
  * otherwise the rows are gathered per token into a scratch buffer.
- * The GEMMs' arithmetic is fp32-accurate by default (gk_mla_math below:
- * results within fp32 rounding of gk_mla_attn; not bitwise: another
- * summation order), or TF32 when asked (within ~1e-3). The softmax
- * holds a row in registers (one read and one write of S). */
+ * The fp32 form's arithmetic is fp32-accurate (bf16x9 or fp32: results
+ * within fp32 rounding of gk_mla_attn; not bitwise: another summation
+ * order), or TF32 when asked (within ~1e-3). The softmax holds a row in
+ * registers (one read and one write of S). */
 #include "gk_common.cuh"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* The GEMMs' arithmetic (GLM53_GPU_MLA_MATH=fp32|tf32|bf16x9, or
- * gk_set_mla_math): GK_MLA_BF16X9 (default) fp32 emulated with three bf16
- * terms per input on the tensor cores (cuBLAS
- * CUBLAS_COMPUTE_32F_EMULATED_16BFX9: fp32-level error, 1e-7 in the kernel
- * test; falls back to fp32 where cuBLAS does not offer it); GK_MLA_FP32
- * plain SGEMM; GK_MLA_TF32 TF32 tensor cores (inputs rounded to 10-bit
- * mantissas): fastest, but its ~3e-4 relative error in the attention output
- * flips near-tied routing and top-k choices of the test models (forward
- * test: 0.27 of the logits' range vs the CPU), so opt-in only. */
+/* The GEMMs' arithmetic (GLM53_GPU_MLA_MATH=bf16x3|bf16x4|bf16x9|fp32|tf32,
+ * or gk_set_mla_math): GK_MLA_BF16X3 (default) inputs split into two bf16
+ * terms and three of the four products on the bf16 tensor cores (~5e-6 in
+ * the kernel test; every forward and golden test passes with it; 4096-token
+ * prefill 526 ms vs 699 with bf16x9 on the H200); GK_MLA_BF16X4 all four
+ * products (567 ms); GK_MLA_BF16X9 fp32 emulated with three bf16 terms per
+ * input by cuBLAS (CUBLAS_COMPUTE_32F_EMULATED_16BFX9: fp32-level error,
+ * 1e-7 in the kernel test; fp32 where cuBLAS does not offer it; as fast as
+ * plain fp32 on the H200); GK_MLA_FP32 plain SGEMM; GK_MLA_TF32 TF32
+ * tensor cores (inputs rounded to 10-bit mantissas): its ~3e-4 relative
+ * error in the attention output flips near-tied routing and top-k choices
+ * of the test models (forward test: 0.27 of the logits' range vs the CPU),
+ * so opt-in only. An unknown value means the default. */
 static int g_math = -1;
 extern "C" void gk_set_mla_math(int mode) { g_math = mode < 0 || mode >= GK_MLA_NMATH ? -1 : mode; }
 extern "C" int gk_mla_math(void) {
