@@ -403,6 +403,19 @@ static void select_case(int n, int K) {
   gk_free(dsc); gk_free(dseg); gk_free(tseg); gk_free(dden); gk_free(dnp); gk_free(dtail); gk_free(dpl);
 }
 
+/* y / post / comb of a gk_mhc_pre call (rc its result) against the CPU
+ * ones r*, 1e-4; g* host scratch of the same sizes */
+static void mhc_pre_verify(const char *what, int rc, const float *dy, const float *dpost, const float *dcomb, const float *ry,
+                           const float *rp, const float *rc_, float *gy, float *gp, float *gc, int T, int hc, int D) {
+  rc = rc || gk_d2h(gy, dy, (size_t)T * D * 4) || gk_d2h(gp, dpost, (size_t)T * hc * 4) ||
+       gk_d2h(gc, dcomb, (size_t)T * hc * hc * 4);
+  const double ey = rc ? INFINITY : rel(gy, ry, (size_t)T * D), ep = rc ? INFINITY : rel(gp, rp, (size_t)T * hc);
+  const double ec = rc ? INFINITY : rel(gc, rc_, (size_t)T * hc * hc);
+  CHECK(rc == 0, "%s: %s", what, gk_error());
+  CHECK(ey <= 1e-4 && ep <= 1e-4 && ec <= 1e-4, "%s D %d: y %.3g post %.3g comb %.3g (tol 1e-4)", what, D, ey, ep, ec);
+  printf("%s, %d tokens, D %d: vs CPU y %.2g post %.2g comb %.2g (tol 1e-4)\n", what, T, D, ey, ep, ec);
+}
+
 /* gk_mhc_pre (projection from gk_matmul) against the CPU mhc_pre + the
  * sublayer RMSNorm: D = 8196 runs past the rows held in registers, D = 302
  * (D % 4 != 0) takes the scalar path; tolerance 1e-4 as the startup check */
@@ -424,14 +437,8 @@ static void mhc_pre_case(int T, int D) {
     rmsnorm(ry + (size_t)t * D, ry + (size_t)t * D, nw, D, c.rms_norm_eps);
   }
   int rc = gk_matmul(&g, dX, T, n, dmix, mix) ||
-           gk_mhc_pre(dX, dmix, NULL, dbase, dsc, dnw, T, hc, D, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, dpost, dcomb, dy) ||
-           gk_d2h(gy, dy, (size_t)T * D * 4) || gk_d2h(gp, dpost, (size_t)T * hc * 4) ||
-           gk_d2h(gc, dcomb, (size_t)T * hc * hc * 4);
-  const double ey = rc ? INFINITY : rel(gy, ry, (size_t)T * D), ep = rc ? INFINITY : rel(gp, rp, (size_t)T * hc);
-  const double ec = rc ? INFINITY : rel(gc, rc_, (size_t)T * hc * hc);
-  CHECK(rc == 0, "mhc pre: %s", gk_error());
-  CHECK(ey <= 1e-4 && ep <= 1e-4 && ec <= 1e-4, "mhc pre D %d: y %.3g post %.3g comb %.3g (tol 1e-4)", D, ey, ep, ec);
-  printf("mhc pre, %d tokens, D %d: vs CPU y %.2g post %.2g comb %.2g (tol 1e-4)\n", T, D, ey, ep, ec);
+           gk_mhc_pre(dX, dmix, NULL, dbase, dsc, dnw, T, hc, D, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, dpost, dcomb, dy);
+  mhc_pre_verify("mhc pre", rc, dy, dpost, dcomb, ry, rp, rc_, gy, gp, gc, T, hc, D);
   if (T >= 64) { /* long launches (from 1024 tokens) cache the streams in shared memory: the same bits as 2 tokens alone */
     float *dy2 = gk_malloc((size_t)2 * D * 4), *dp2 = gk_malloc((size_t)2 * hc * 4), *dc2 = gk_malloc((size_t)2 * hc * hc * 4);
     const int rc2 = gk_mhc_pre(dX, dmix, NULL, dbase, dsc, dnw, 2, hc, D, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, dp2, dc2, dy2);
@@ -445,14 +452,8 @@ static void mhc_pre_case(int T, int D) {
     if (rc3 == 1) printf("mhc proj: not applicable\n");
     else {
       rc3 = rc3 || gk_mhc_pre(dX, dmix, dss, dbase, dsc, dnw, T, hc, D, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, dpost,
-                              dcomb, dy) ||
-            gk_d2h(gy, dy, (size_t)T * D * 4) || gk_d2h(gp, dpost, (size_t)T * hc * 4) ||
-            gk_d2h(gc, dcomb, (size_t)T * hc * hc * 4);
-      const double fy = rc3 ? INFINITY : rel(gy, ry, (size_t)T * D), fp = rc3 ? INFINITY : rel(gp, rp, (size_t)T * hc);
-      const double fc = rc3 ? INFINITY : rel(gc, rc_, (size_t)T * hc * hc);
-      CHECK(rc3 == 0, "mhc proj: %s", gk_error());
-      CHECK(fy <= 1e-4 && fp <= 1e-4 && fc <= 1e-4, "mhc proj+pre D %d: y %.3g post %.3g comb %.3g (tol 1e-4)", D, fy, fp, fc);
-      printf("mhc proj+pre (one pass), %d tokens, D %d: vs CPU y %.2g post %.2g comb %.2g (tol 1e-4)\n", T, D, fy, fp, fc);
+                              dcomb, dy);
+      mhc_pre_verify("mhc proj+pre (one pass)", rc3, dy, dpost, dcomb, ry, rp, rc_, gy, gp, gc, T, hc, D);
     }
     gk_free(dss);
   }

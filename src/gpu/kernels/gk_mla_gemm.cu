@@ -102,6 +102,16 @@ __global__ void mla_gather_k(const float *latent, const int *dense, const int *n
   for (int c = lane; c < q4; c += 32) g[c] = __ldg(src + c);
 }
 
+/* the max over a block of 256 threads (8 warps), to every thread */
+__device__ __forceinline__ float block_max256(float m, float *sh) {
+  const float w = warp_max(m);
+  if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = w;
+  __syncthreads();
+  m = -INFINITY;
+  for (int i = 0; i < 8; i++) m = fmaxf(m, sh[i]);
+  return m;
+}
+
 /* one block of 256 threads per (token, head) row of S, the row held in
  * registers (VPT values per thread, Npad <= 256 * VPT): one read and one
  * write of S. p = exp(scale*s - max) / sum over n < N_t, 0 beyond. */
@@ -119,13 +129,7 @@ __global__ void __launch_bounds__(256) mla_softmax_reg_k(float *S, const int *de
     v[i] = n < N ? row[n] * scale : -INFINITY;
     m = fmaxf(m, v[i]);
   }
-  { /* block max */
-    float w = warp_max(m);
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = w;
-    __syncthreads();
-    m = -INFINITY;
-    for (int i = 0; i < 8; i++) m = fmaxf(m, sh[i]);
-  } /* block_sum synchronises before it reuses sh */
+  m = block_max256(m, sh); /* block_sum synchronises before it reuses sh */
   float z = 0;
 #pragma unroll
   for (int i = 0; i < VPT; i++) {
@@ -301,13 +305,7 @@ __global__ void __launch_bounds__(256) mla_softmax_split_k(const float *S, const
       m = fmaxf(m, v[2 * i + e]);
     }
   }
-  { /* block max */
-    float w = warp_max(m);
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = w;
-    __syncthreads();
-    m = -INFINITY;
-    for (int i = 0; i < 8; i++) m = fmaxf(m, sh[i]);
-  } /* block_sum synchronises before it reuses sh */
+  m = block_max256(m, sh); /* block_sum synchronises before it reuses sh */
   float z = 0;
 #pragma unroll
   for (int i = 0; i < 2 * VP; i++) {
