@@ -17,6 +17,12 @@ enum { GF_F32 = 1, GF_BF16 = 2, GF_Q8 = 3, GF_Q4 = 4 };
 
 /* set the module error (host); returns -1 */
 int gk_fail(const char *fmt, ...);
+/* a grow-only device scratch buffer (gk_gemm.cu): p holds at least n bytes
+ * after a successful call (NULL + gk_error on failure). For buffers that
+ * captured graphs never use (the cuBLAS forms of long chunks): growing it
+ * does not mark graphs stale. */
+typedef struct { void *p; size_t n; } gk_scratch;
+void *gk_scratch_grow(gk_scratch *s, size_t n);
 #if GK_HAVE_BLAS
 /* gk_gemm.cu: the one cuBLAS handle (created by gk_init, on the kernels'
  * stream; NULL before), and the dequantisation of a weight matrix to dense

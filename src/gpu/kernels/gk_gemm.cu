@@ -107,16 +107,19 @@ static void pdl_detect(const cudaDeviceProp *p) {
 }
 
 /* grow-only scratch buffers (the backend serialises forwards) */
-typedef struct { void *p; size_t n; } gk_scratch;
 static unsigned g_gen;
 extern "C" unsigned gk_scratch_gen(void) { return g_gen; }
-static void *scratch(gk_scratch *s, size_t n) {
+void *gk_scratch_grow(gk_scratch *s, size_t n) {
   if (s->n >= n) return s->p;
-  g_gen++; /* captured graphs that used the old buffer are stale */
   gk_free(s->p);
   s->p = gk_malloc(n);
   s->n = s->p ? n : 0;
   return s->p;
+}
+/* the same for buffers that captured graphs use */
+static void *scratch(gk_scratch *s, size_t n) {
+  if (s->n < n) g_gen++; /* captured graphs that used the old buffer are stale */
+  return gk_scratch_grow(s, n);
 }
 static gk_scratch g_part, g_cnt;
 float *gk_scratch_part(size_t floats) { return (float *)scratch(&g_part, floats * sizeof(float)); }

@@ -12,8 +12,7 @@
 #include "gk_common.cuh"
 
 #if GK_HAVE_BLAS
-static void *g_buf;
-static size_t g_buf_n;
+static gk_scratch g_buf;
 
 /* one thread per (token, pool): the weighted ReLU sum over heads, pools in
  * consecutive threads (coalesced reads of D's columns) */
@@ -53,14 +52,8 @@ extern "C" int gk_indexer_scores_gemm(const float *q, const float *w, const floa
     if (tc < 1) tc = 1;
     if (tc > T - t0) tc = T - t0;
     const int np = (pos0 + t0 + tc) / P;   /* what this sub-chunk's last token sees */
-    const size_t bytes = (size_t)tc * nh * ld * 4;
-    if (g_buf_n < bytes) {
-      gk_free(g_buf);
-      g_buf = gk_malloc(bytes);
-      g_buf_n = g_buf ? bytes : 0;
-      if (!g_buf) return -1;
-    }
-    float *D = (float *)g_buf;
+    float *D = (float *)gk_scratch_grow(&g_buf, (size_t)tc * nh * ld * 4);
+    if (!D) return -1;
     /* column-major: D [np x tc * nh] (ld) = pool [hd x np]^T x q [hd x tc * nh] */
     if (cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, np, tc * nh, hd, &one, pool, CUDA_R_32F, hd, q + (size_t)t0 * nh * hd,
                      CUDA_R_32F, hd, &zero, D, CUDA_R_32F, ld, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) !=

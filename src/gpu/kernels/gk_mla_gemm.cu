@@ -71,16 +71,8 @@ static cublasHandle_t g_h; /* gk_blas_handle(), fetched per call */
 static int g_no_x9;        /* cuBLAS refused the bf16x9 emulation: fp32 instead */
 /* scratch that grows to the largest request: [0] the per-sub-chunk
  * buffers, [1] the split latent rows of the split arithmetics */
-static void *g_buf[2];
-static size_t g_buf_n[2];
-
-static void *buf(int which, size_t n) {
-  if (g_buf_n[which] >= n) return g_buf[which];
-  gk_free(g_buf[which]);
-  g_buf[which] = gk_malloc(n);
-  g_buf_n[which] = g_buf[which] ? n : 0;
-  return g_buf[which];
-}
+static gk_scratch g_buf[2];
+static void *buf(int which, size_t n) { return gk_scratch_grow(&g_buf[which], n); }
 
 /* G[t][n][:] = latent row of the n-th selected token of t0 + t, zero past
  * N_t: one warp per row (the row's source found once, then kl/4 float4
@@ -207,6 +199,14 @@ __device__ __forceinline__ void split2(float x, uint32_t *hi, uint32_t *lo) {
   *hi = bf16_bits(x);
   *lo = bf16_bits(x - __uint_as_float(*hi << 16));
 }
+/* a pair of values split: the two hi halves in one word, the lo in another */
+__device__ __forceinline__ void split2x2(float2 v, uint32_t *hi, uint32_t *lo) {
+  uint32_t hx, lx, hy, ly;
+  split2(v.x, &hx, &lx);
+  split2(v.y, &hy, &ly);
+  *hi = hx | hy << 16;
+  *lo = lx | ly << 16;
+}
 
 /* dst row r (nt * n bf16) = the split chunks of src row r (n floats, n
  * even, stride lds) for r < rows, zero for rows <= r < rows_pad; a thread
@@ -220,14 +220,7 @@ __global__ void split_rows_k(const float *src, size_t lds, int rows, int rows_pa
   const size_t r = i / h2;
   const int c = (int)(i % h2);
   uint32_t hi = 0, lo = 0;
-  if (r < (size_t)rows) {
-    const float2 v = *(const float2 *)(src + r * lds + 2 * c);
-    uint32_t hx, lx, hy, ly;
-    split2(v.x, &hx, &lx);
-    split2(v.y, &hy, &ly);
-    hi = hx | hy << 16;
-    lo = lx | ly << 16;
-  }
+  if (r < (size_t)rows) split2x2(*(const float2 *)(src + r * lds + 2 * c), &hi, &lo);
   uint32_t *d = (uint32_t *)(dst + r * nt * n) + c;
   for (int j = 0; j < nt; j++) d[(size_t)j * h2] = lomask >> j & 1 ? lo : hi;
 }
@@ -250,11 +243,8 @@ __global__ void mla_gather_split_k(const float *latent, const int *dense, const 
   }
   const float2 *src = (const float2 *)(latent + (size_t)sel_row(isd, np, tb, pools + (size_t)t * K, P, n) * kl);
   for (int c = lane; c < h2; c += 32) {
-    const float2 v = __ldg(src + c);
-    uint32_t hx, lx, hy, ly;
-    split2(v.x, &hx, &lx);
-    split2(v.y, &hy, &ly);
-    const uint32_t hi = hx | hy << 16, lo = lx | ly << 16;
+    uint32_t hi, lo;
+    split2x2(__ldg(src + c), &hi, &lo);
     for (int j = 0; j < nt; j++) g[j * h2 + c] = lomask >> j & 1 ? lo : hi;
   }
 }
@@ -319,11 +309,7 @@ __global__ void __launch_bounds__(256) mla_softmax_split_k(const float *S, const
   for (int i = 0; i < VP; i++) {
     const int q = threadIdx.x + i * 256;
     if (q >= half) break;
-    uint32_t h0, l0, h1, l1;
-    split2(v[2 * i] * inv, &h0, &l0);
-    split2(v[2 * i + 1] * inv, &h1, &l1);
-    hi_plane[q] = h0 | h1 << 16;
-    lo_plane[q] = l0 | l1 << 16;
+    split2x2(make_float2(v[2 * i] * inv, v[2 * i + 1] * inv), &hi_plane[q], &lo_plane[q]);
   }
 }
 

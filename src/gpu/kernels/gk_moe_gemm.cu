@@ -80,20 +80,12 @@ __global__ void moe_place_k(const int *idx, int np, int E, const int *ccount, in
   perm[ccount[(size_t)blockIdx.x * E + e] + rank] = p;
 }
 
-static void *g_cc;
-static size_t g_cc_n;
-static void *grow(void **p, size_t *have, size_t n) {
-  if (*have >= n) return *p;
-  gk_free(*p);
-  *p = gk_malloc(n);
-  *have = *p ? n : 0;
-  return *p;
-}
+static gk_scratch g_cc;
 
 extern "C" int gk_moe_sort(const int *idx, int np, int E, int *perm, int *off) {
   if (np <= 0 || E <= 0) return 0;
   const int nchunk = (np + SORT_CHUNK - 1) / SORT_CHUNK;
-  int *cc = (int *)grow(&g_cc, &g_cc_n, (size_t)nchunk * E * sizeof(int));
+  int *cc = (int *)gk_scratch_grow(&g_cc, (size_t)nchunk * E * sizeof(int));
   if (!cc) return -1;
   const size_t sm = (size_t)E * sizeof(int);
   gk_launch(moe_hist_k, nchunk, SORT_CHUNK, sm, idx, np, E, cc);
@@ -140,8 +132,7 @@ __global__ void moe_swiglu_bf16_v4_k(const float4 *g, const float4 *u, size_t n4
 }
 
 static cublasHandle_t g_h; /* gk_blas_handle(), fetched per call of gk_moe_experts_gemm */
-static void *g_xs, *g_hb, *g_wq, *g_tab;
-static size_t g_xs_n, g_hb_n, g_wq_n, g_tab_n;
+static gk_scratch g_xs, g_hb, g_wq, g_tab;
 
 /* C[n][rows] (fp32, ldc = rows) = B[n][cols] (bf16) . W^T, W bf16 [rows][cols] */
 static int gemm_bf16(const void *W, int rows, int cols, const void *B, int n, float *C) {
@@ -163,7 +154,7 @@ static int gemm_bf16_batched(const void *const *A, int rows, int cols, const voi
 /* a bf16 view of expert matrix W: W itself, or dequantised into slot q of the scratch */
 static const void *as_bf16(const gpu_mat *W, int q, size_t slot) {
   if (W->fmt == GF_BF16) return W->d;
-  __nv_bfloat16 *t = (__nv_bfloat16 *)g_wq + (size_t)q * slot;
+  __nv_bfloat16 *t = (__nv_bfloat16 *)g_wq.p + (size_t)q * slot;
   gk_dequant_bf16(W, t);
   return t;
 }
@@ -223,11 +214,11 @@ extern "C" int gk_moe_experts_gemm(const gpu_mat *h_exp, int E, const int *hoff,
   /* device table: poff, then per used expert (in ord order) the pointers of
    * gate+up (A: 2 per expert, B, C) and down (A, B, C) */
   const size_t ptr0 = ((size_t)(E + 1) * sizeof(int) + 15) & ~(size_t)15, nptr = quant ? 0 : (size_t)9 * E;
-  char *tab = (char *)grow(&g_tab, &g_tab_n, ptr0 + nptr * sizeof(void *));
-  __nv_bfloat16 *xs = (__nv_bfloat16 *)grow(&g_xs, &g_xs_n, (size_t)rows * D * 2);
-  __nv_bfloat16 *hb = (__nv_bfloat16 *)grow(&g_hb, &g_hb_n, (size_t)rows * I * 2);
+  char *tab = (char *)gk_scratch_grow(&g_tab, ptr0 + nptr * sizeof(void *));
+  __nv_bfloat16 *xs = (__nv_bfloat16 *)gk_scratch_grow(&g_xs, (size_t)rows * D * 2);
+  __nv_bfloat16 *hb = (__nv_bfloat16 *)gk_scratch_grow(&g_hb, (size_t)rows * I * 2);
   const size_t slot = (size_t)I * D; /* gate, up and down have I x D elements each */
-  if (!tab || !xs || !hb || (quant && !grow(&g_wq, &g_wq_n, 3 * slot * 2))) return -1;
+  if (!tab || !xs || !hb || (quant && !gk_scratch_grow(&g_wq, 3 * slot * 2))) return -1;
   alignas(16) char host[16 + 513 * sizeof(int) + 9 * 512 * sizeof(void *)];
   memcpy(host, poff, ((size_t)E + 1) * sizeof(int));
   const void **hp = (const void **)(host + ptr0);
