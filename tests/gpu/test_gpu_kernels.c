@@ -951,10 +951,19 @@ int main(void) {
   /* recurrence tiles (cp.async double buffers of 14, 32 and 7 tokens; one
    * synchronous buffer of 32 for hd % 4 != 0); blocks of 32 columns, warps
    * of 8: hd 40 leaves a block with one warp's columns, hd 30 a warp with 6 */
-  kda_tiles_case(70, 57, 2, 128);
-  kda_tiles_case(45, 32, 3, 40);
-  kda_tiles_case(40, 27, 1, 256);
-  kda_tiles_case(33, 20, 2, 30);
+  /* both columns-per-warp choices (GLM53_GPU_KDA_CPW): 4, the default, on all shapes */
+  static const int cpw[2] = {4, 8};
+  for (int v = 0; v < 2; v++) {
+    gk_set_kda_cpw(cpw[v]);
+    printf("kda recurrence, %d columns per warp:\n", cpw[v]);
+    kda_tiles_case(70, 57, 2, 128);
+    kda_tiles_case(45, 32, 3, 40);
+    if (!v) {
+      kda_tiles_case(40, 27, 1, 256);
+      kda_tiles_case(33, 20, 2, 30);
+    }
+  }
+  gk_set_kda_cpw(0);
   kda_conv_prep_case(3, 1, 4, 64, 4);  /* decode: one launch, states written by it */
   kda_conv_prep_case(2, 3, 3, 40, 4);  /* short segments, still one launch */
   kda_conv_prep_case(2, 37, 2, 128, 4); /* prefill: conv+prep, then the state kernel */

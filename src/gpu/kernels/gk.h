@@ -198,9 +198,10 @@ int gk_kda_gate(float *g, const float *dt_bias, const float *A_log, int T, int H
 int gk_kda_recur(const gk_batch *b, const float *qkv, const float *g, const float *beta_logit, int T, int H, int hd, float *o);
 /* the same from the raw forget-gate projection: the gk_kda_gate transform
  * applied as g is read (same bits, one launch less); from 32 tokens graw
- * is overwritten with the decay exp(gate) first (same bits again) */
+ * is overwritten with the decay exp(gate) and beta_logit with
+ * sigmoid(beta_logit) first (same bits again) */
 int gk_kda_recur_gated(const gk_batch *b, const float *qkv, float *graw, const float *dt_bias, const float *A_log,
-                       float lower_bound, const float *beta_logit, int T, int H, int hd, float *o);
+                       float lower_bound, float *beta_logit, int T, int H, int hd, float *o);
 int gk_kda_out(float *o, const float *z, const float *w, int T, int H, int hd, float eps);
 /* the recurrence's columns per warp, 4 or 8: bench A/B (0: GLM53_GPU_KDA_CPW, default 4) */
 void gk_set_kda_cpw(int cpw);

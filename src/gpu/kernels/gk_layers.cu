@@ -737,7 +737,8 @@ extern "C" int gk_kda_gate(float *g, const float *dt_bias, const float *A_log, i
 
 /* Delta-rule recurrence, token by token (kda_step). Columns j of S evolve
  * independently. A warp owns KR_CPW = 4 (or 8) columns of one head; lane l
- * holds S[i][j] for i = l + 32m of each. Per token and column the 32-lane
+ * holds S[i][j] for the MM contiguous rows i = l * MM + m of each (one
+ * 16-byte shared load per vector and token at MM = 4). Per token and column the 32-lane
  * sums (S^T k, then S^T q) are one transposed reduction for all the warp's
  * columns (kr_reduce: 6 shuffles instead of 4 x 5, 9 instead of 8 x 5),
  * the deltas go back by one shuffle per column, and q, k and the decay of a
@@ -748,10 +749,17 @@ extern "C" int gk_kda_gate(float *g, const float *dt_bias, const float *A_log, i
  * computed, else one coalesced pass per tile. No block barrier per token.
  * State layout [H][dv][dk] keeps the lanes' loads contiguous. grid (H,
  * ceil(hd / (4 * KR_CPW)), nseg). Every token's arithmetic is the same
- * whatever the tiling, so decode and prefill agree bitwise. */
+ * whatever the tiling, so decode and prefill agree bitwise. The loop is
+ * issue-bound (H200, ncu, 4096-token launch: 191 instructions per token and
+ * warp, 70% of the issue slots busy with 4 warps per scheduler), hence:
+ * FULL (hd == 32 MM, the model's 128) compiles the head dim in (no guards,
+ * constant offsets), the rows are contiguous (3 vector loads per token
+ * instead of 12), and at prefill beta comes as sigmoid(logit) from the decay
+ * pass instead of once per warp and token. */
 #define KR_WARPS 4
 /* MODE: how g gives the decay a = exp(gate): 0 g is the log decay, 1 g is
- * the raw gate projection (kda_gate1), 2 g is the decay itself */
+ * the raw gate projection (kda_gate1), 2 g is the decay itself and bl is
+ * beta itself (not its logit) */
 enum { KR_LOG = 0, KR_RAW = 1, KR_DECAY = 2 };
 /* CPW (columns per warp) 8 or 4: lane l ends a reduction with the sum of
  * column kr_col(l); kr_lane(c) is a lane holding column c's sum */
@@ -821,12 +829,28 @@ __host__ __device__ __forceinline__ size_t kr_tile_floats(int hd, int tt, int co
   return ((size_t)tt * (3 * hd + cols + 1) + 3) & ~(size_t)3;
 }
 
-template <int MODE, int MM, bool ASYNC, int KR_CPW>
+/* MM rows of a shared or global vector from row lane * MM (zeros past hd);
+ * FULL: hd == 32 MM */
+template <int MM, bool FULL> __device__ __forceinline__ void kr_rows(const float *v, int lane, int hd, float *out) {
+  const int i0 = lane * MM;
+  if (FULL && MM % 4 == 0) {
+#pragma unroll
+    for (int m = 0; m < MM; m += 4) {
+      const float4 x = *(const float4 *)(v + i0 + m);
+      out[m] = x.x, out[m + 1] = x.y, out[m + 2] = x.z, out[m + 3] = x.w;
+    }
+  } else {
+#pragma unroll
+    for (int m = 0; m < MM; m++) out[m] = FULL || i0 + m < hd ? v[i0 + m] : 0.f;
+  }
+}
+template <int MODE, int MM, bool ASYNC, int KR_CPW, bool FULL>
 __global__ void __launch_bounds__(KR_WARPS * 32) kda_recur_k(gk_batch b, const float *qkv, const float *g,
                                                               const float *dt_bias, const float *A_log, float lb,
-                                                              const float *bl, int H, int hd, int TT, float *o) {
+                                                              const float *bl, int H, int hd_, int TT, float *o) {
   GK_PDL_BEGIN();
   enum { KR_COLS = KR_CPW * KR_WARPS };
+  const int hd = FULL ? 32 * MM : hd_;
   extern __shared__ __align__(16) float kda_sh[];
   const int h = blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31, c0 = blockIdx.y * KR_COLS;
   const int cw = c0 + w * KR_CPW, my = kr_col<KR_CPW>(lane), nth = blockDim.x;
@@ -839,11 +863,10 @@ __global__ void __launch_bounds__(KR_WARPS * 32) kda_recur_k(gk_batch b, const f
   for (int c = 0; c < KR_CPW; c++) {
     const int j = cw + c;
     const float *Sj = S + ((size_t)h * hd + (j < hd ? j : 0)) * hd;
+    kr_rows<MM, FULL>(Sj, lane, hd, s[c]);
+    if (j >= hd)
 #pragma unroll
-    for (int m = 0; m < MM; m++) {
-      const int i = lane + 32 * m;
-      s[c][m] = (j < hd && i < hd) ? Sj[i] : 0.f;
-    }
+      for (int m = 0; m < MM; m++) s[c][m] = 0.f;
   }
   /* tile of nt tokens from tb into buf */
   auto load = [&](int tb, int nt, float *buf) {
@@ -906,15 +929,12 @@ __global__ void __launch_bounds__(KR_WARPS * 32) kda_recur_k(gk_batch b, const f
     const float *qs = cur, *ks = qs + (size_t)TT * hd, *as = ks + (size_t)TT * hd, *vs = as + (size_t)TT * hd, *bs = vs + (size_t)TT * KR_COLS;
     for (int u = 0; u < nt; u++) {
       float av[MM], kv[MM], qv[MM], p[KR_CPW];
+      kr_rows<MM, FULL>(as + u * hd, lane, hd, av);
+      kr_rows<MM, FULL>(ks + u * hd, lane, hd, kv);
+      kr_rows<MM, FULL>(qs + u * hd, lane, hd, qv);
+      if (ASYNC && MODE == KR_LOG) /* the async copy is raw */
 #pragma unroll
-      for (int m = 0; m < MM; m++) {
-        const int i = lane + 32 * m;
-        const bool in = i < hd;
-        const float ar = in ? as[u * hd + i] : 0.f;
-        av[m] = ASYNC && MODE == KR_LOG ? expf(ar) : ar; /* the async copy is raw */
-        kv[m] = in ? ks[u * hd + i] : 0.f;
-        qv[m] = in ? qs[u * hd + i] : 0.f;
-      }
+        for (int m = 0; m < MM; m++) av[m] = lane * MM + m < hd ? expf(av[m]) : 0.f;
 #pragma unroll
       for (int c = 0; c < KR_CPW; c++) {
         float r = 0;
@@ -926,7 +946,7 @@ __global__ void __launch_bounds__(KR_WARPS * 32) kda_recur_k(gk_batch b, const f
         p[c] = r;
       }
       const float r = kr_reduce<KR_CPW>(p, lane);
-      const float delta = sigm(bs[u]) * (vs[u * KR_COLS + w * KR_CPW + my] - r);
+      const float delta = (MODE == KR_DECAY ? bs[u] : sigm(bs[u])) * (vs[u * KR_COLS + w * KR_CPW + my] - r);
 #pragma unroll
       for (int c = 0; c < KR_CPW; c++) {
         const float d = __shfl_sync(0xffffffffu, delta, kr_lane<KR_CPW>(c));
@@ -950,15 +970,19 @@ __global__ void __launch_bounds__(KR_WARPS * 32) kda_recur_k(gk_batch b, const f
     float *Sj = S + ((size_t)h * hd + j) * hd;
 #pragma unroll
     for (int m = 0; m < MM; m++) {
-      const int i = lane + 32 * m;
-      if (i < hd) Sj[i] = s[c][m];
+      const int i = lane * MM + m;
+      if (FULL || i < hd) Sj[i] = s[c][m];
     }
   }
 }
-/* decay = exp(gate) in place, for the copied (async) tiles at prefill */
-__global__ void kda_decay_k(float *g, const float *dt_bias, const float *A_log, size_t n, int H, int hd, float lb) {
+/* decay = exp(gate) and beta = sigmoid(logit) in place, for the copied
+ * (async) tiles at prefill (the same expressions as the token kernel's: the
+ * same bits) */
+__global__ void kda_decay_k(float *g, float *bl, const float *dt_bias, const float *A_log, size_t n, size_t nb, int H,
+                            int hd, float lb) {
   GK_PDL_BEGIN();
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i < nb) bl[i] = sigm(bl[i]);
   if (i >= n) return;
   const int c = (int)(i % ((size_t)H * hd));
   g[i] = expf(kda_gate1(g[i], dt_bias, A_log, c / hd, c, lb));
@@ -990,10 +1014,16 @@ static void kr_launch_c(const gk_batch *b, const float *qkv, const float *g, con
   if (T > 0 && T < tt) tt = T;
   const size_t sm = (size_t)nb * kr_tile_floats(hd, tt, cols) * sizeof(float);
   dim3 grid(H, gk_blocks(hd, cols), b->nseg);
-  if (async)
-    gk_launch(kda_recur_k<MODE, MM, true, CPW>, grid, KR_WARPS * 32, sm, *b, qkv, g, dt_bias, A_log, lb, bl, H, hd, tt, o);
+  const bool full = hd == 32 * MM;
+  if (async && full)
+    gk_launch(kda_recur_k<MODE, MM, true, CPW, true>, grid, KR_WARPS * 32, sm, *b, qkv, g, dt_bias, A_log, lb, bl, H, hd, tt, o);
+  else if (async)
+    gk_launch(kda_recur_k<MODE, MM, true, CPW, false>, grid, KR_WARPS * 32, sm, *b, qkv, g, dt_bias, A_log, lb, bl, H, hd, tt, o);
+  else if (full)
+    gk_launch(kda_recur_k<MODE, MM, false, CPW, true>, grid, KR_WARPS * 32, sm, *b, qkv, g, dt_bias, A_log, lb, bl, H, hd, tt, o);
   else
-    gk_launch(kda_recur_k<MODE, MM, false, CPW>, grid, KR_WARPS * 32, sm, *b, qkv, g, dt_bias, A_log, lb, bl, H, hd, tt, o);
+    gk_launch(kda_recur_k<MODE, MM, false, CPW, false>, grid, KR_WARPS * 32, sm, *b, qkv, g, dt_bias, A_log, lb, bl, H, hd, tt,
+              o);
 }
 template <int MODE, int MM>
 static void kr_launch(const gk_batch *b, const float *qkv, const float *g, const float *dt_bias, const float *A_log,
@@ -1024,11 +1054,12 @@ extern "C" int gk_kda_recur(const gk_batch *b, const float *qkv, const float *g,
  * asynchronously. The same expf(kda_gate1(.)) either way: the same bits. */
 #define KR_DECAY_MIN 32
 extern "C" int gk_kda_recur_gated(const gk_batch *b, const float *qkv, float *graw, const float *dt_bias,
-                                  const float *A_log, float lower_bound, const float *beta_logit, int T, int H, int hd,
+                                  const float *A_log, float lower_bound, float *beta_logit, int T, int H, int hd,
                                   float *o) {
   if (T >= KR_DECAY_MIN) {
     const size_t n = (size_t)T * H * hd;
-    gk_launch(kda_decay_k, gk_blocks(n, 256), 256, 0, graw, dt_bias, A_log, n, H, hd, lower_bound);
+    gk_launch(kda_decay_k, gk_blocks(n, 256), 256, 0, graw, beta_logit, dt_bias, A_log, n, (size_t)T * H, H, hd,
+              lower_bound);
     if (GK_LAUNCHED("kda_decay")) return -1;
     return kr_run<KR_DECAY>(b, qkv, graw, NULL, NULL, 0.f, beta_logit, T, H, hd, o);
   }
