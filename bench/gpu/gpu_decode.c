@@ -231,6 +231,16 @@ int main(int argc, char **argv) {
   glm53_gpu_profile_dump("prefill 4096 (variant)");
   printf("prefill %d tokens, KDA recurrence with 8 columns per warp instead of 4 (GLM53_GPU_KDA_CPW=8): %.1f ms\n", NP, pms);
   gk_set_kda_cpw(0);
+  /* prefill A/B: the KDA conv+prep with 4 and 8 tokens per warp instead of 1 */
+  for (int nt = 4; nt <= 8; nt += 4) {
+    gk_set_kda_conv_nt(nt);
+    glm53_session_reset(s);
+    pms = run(s, tok, NP, logits);
+    glm53_gpu_profile_dump("prefill 4096 (variant)");
+    printf("prefill %d tokens, KDA conv+prep with %d tokens per warp instead of 1 (GLM53_GPU_KDA_CONV_NT=%d): %.1f ms\n",
+           NP, nt, nt, pms);
+  }
+  gk_set_kda_conv_nt(0);
   glm53_session_free(s);
   /* the MLA attention variants (docs/gpu.md): prefill without the GEMM form
    * (head-sharing core, then the per-head core), decode at 4K context with

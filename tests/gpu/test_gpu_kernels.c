@@ -464,8 +464,8 @@ static void mhc_pre_case(int T, int D) {
 
 /* gk_kda_conv_prep against gk_kda_conv + gk_kda_prep, bitwise (outputs and
  * conv states): nseg segments of len tokens each (len <= 4: the one-launch
- * form that also writes the states; longer: conv+prep, then the state
- * kernel), K = 4 */
+ * form that also writes the states; longer: conv+prep, with 1, 4 or 8
+ * tokens per warp when K = 4, then the state kernel) */
 static void kda_conv_prep_case(int nseg, int len, int H, int hd, int K) {
   const int inner = H * hd, ch = 3 * inner, T = nseg * len;
   float *hs = NULL;
@@ -574,9 +574,12 @@ static void kda_tiles_case(int T1, int T2, int H, int hd) {
   gk_free(qkv); gk_free(g); gk_free(bl); gk_free(S); gk_free(S1); gk_free(o); gk_free(o1);
 }
 
-/* gk_mhc_post_moe against gk_moe_combine + gk_mhc_post; D = 300: blocks
- * within a token (order in shared memory) and across tokens (per element),
- * D = 512: every block within a token; a token with a repeated expert id */
+/* gk_mhc_post_moe against gk_moe_combine + gk_mhc_post; blocks of 256
+ * threads with four elements each (D % 4 == 0) or one: D = 300 and 512
+ * (4 per thread): blocks across tokens (per-element order); D = 302 (1 per
+ * thread): blocks within a token (order in shared memory) and across;
+ * D = 2048 (4 per thread): every block within a token; a token with a
+ * repeated expert id */
 static void mhc_post_moe_case(int D) {
   const int T = 5, hc = 4, K = 4;
   float *hX = NULL;
@@ -945,6 +948,8 @@ int main(void) {
     kda_gated_case(NAN, 70);
     mhc_post_moe_case(300);
     mhc_post_moe_case(512);
+    mhc_post_moe_case(302);
+    mhc_post_moe_case(2048);
   }
   gk_force_pdl_off(0);
   gk_set_gemv_xs(-1);
@@ -966,7 +971,20 @@ int main(void) {
   gk_set_kda_cpw(0);
   kda_conv_prep_case(3, 1, 4, 64, 4);  /* decode: one launch, states written by it */
   kda_conv_prep_case(2, 3, 3, 40, 4);  /* short segments, still one launch */
-  kda_conv_prep_case(2, 37, 2, 128, 4); /* prefill: conv+prep, then the state kernel */
+  /* the prefill form's tokens per warp (GLM53_GPU_KDA_CONV_NT): 1, the
+   * default, then 4 and 8, whose groups cross segment boundaries (45 and
+   * 347 tokens, 5-token segments: every group of 8 spans two) with partial
+   * lanes (hd 40) */
+  static const int cnt[3] = {1, 4, 8};
+  for (int v = 0; v < 3; v++) {
+    gk_set_kda_conv_nt(cnt[v]);
+    printf("kda conv+prep, %d tokens per warp:\n", cnt[v]);
+    kda_conv_prep_case(2, 37, 2, 128, 4); /* prefill: conv+prep, then the state kernel */
+    kda_conv_prep_case(2, 45, 1, 40, 4);
+    kda_conv_prep_case(3, 347, 1, 128, 4);
+    kda_conv_prep_case(300, 5, 1, 64, 4);
+  }
+  gk_set_kda_conv_nt(0);
   kda_conv_prep_case(3, 21, 2, 40, 3); /* prefill, 3 taps */
   kda_conv_prep_case(2, 20, 1, 32, 2); /* 2 taps */
   kda_conv_prep_case(2, 9, 1, 64, 6);  /* 6 taps */

@@ -91,6 +91,23 @@ __device__ __forceinline__ float gk_ldcg(const float *p) { return *(const volati
 #else
 __device__ __forceinline__ float gk_ldcg(const float *p) { return __ldcg(p); }
 #endif
+/* V consecutive floats (V 1 or 4; 4: one 16-byte access, p aligned to 16) */
+template <int V> __device__ __forceinline__ void vload(float *v, const float *p) {
+  if (V == 4) {
+    const float4 q = *(const float4 *)p;
+    v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; i++) v[i] = p[i];
+  }
+}
+template <int V> __device__ __forceinline__ void vstore(float *p, const float *v) {
+  if (V == 4) *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
+  else {
+#pragma unroll
+    for (int i = 0; i < V; i++) p[i] = v[i];
+  }
+}
 
 static inline unsigned gk_blocks(size_t n, unsigned per) { return (unsigned)((n + per - 1) / per); }
 

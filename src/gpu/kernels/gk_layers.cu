@@ -455,65 +455,86 @@ __device__ __forceinline__ int moe_order(const int *idx, int t, int k, int *ord)
 }
 
 /* HCT: hc compiled in (4, the config's) so the streams stay in registers;
- * 0: hc at run time */
-template <bool MOE, int HCT>
+ * 0: hc at run time. V elements per thread (4: float4 loads and stores
+ * when D % 4 == 0; the per-token post, comb, wt and erow loads then serve
+ * four elements: prefill's post with the combine was 2.2x off the memory
+ * roofline with one): the same per-element arithmetic as V = 1. */
+template <bool MOE, int HCT, int V>
 __global__ void mhc_post_k(float *X, const float *a, const float *eo, const int *erow, const int *idx, const float *wt, int k,
                            const float *post, const float *comb, int T, int hc_, int D) {
   GK_PDL_BEGIN();
+  constexpr int HM = HCT ? HCT : MAX_HC;
   const int hc = HCT ? HCT : hc_;
   __shared__ int ord[64];
-  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  const size_t i = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) * V; /* the first of V elements of one token */
   int t = (int)(i / D), d = (int)(i % D), nv = -1;
   if (MOE && k <= 64) { /* a block within one token: the combine order once, in shared memory */
-    const size_t b0 = blockIdx.x * (size_t)blockDim.x, b1 = min(b0 + blockDim.x, (size_t)T * D) - 1;
+    const size_t b0 = blockIdx.x * (size_t)blockDim.x * V, b1 = min(b0 + (size_t)blockDim.x * V, (size_t)T * D) - 1;
     if (b0 / D == b1 / D) nv = moe_order(idx, (int)(b0 / D), k, ord);
   }
   if (i >= (size_t)T * D) return;
-  float old[HCT ? HCT : MAX_HC];
+  float old[HM][V], y[V];
   float *Xt = X + (size_t)t * hc * D;
 #pragma unroll
-  for (int g = 0; g < (HCT ? HCT : MAX_HC); g++)
-    if (g < hc) old[g] = Xt[(size_t)g * D + d];
-  float y = a[(size_t)t * D + d];
+  for (int g = 0; g < HM; g++)
+    if (g < hc) vload<V>(old[g], Xt + (size_t)g * D + d);
+  vload<V>(y, a + (size_t)t * D + d);
   if (MOE && nv >= 0) {
     /* moe_sum's additions, same order (loading all eight outputs before the
      * first addition measured slower: 29.8 vs 26.9 ms per 4096-token
      * prefill, the registers halve the blocks per SM) */
     for (int r = 0; r < nv; r++) {
       const size_t p = (size_t)t * k + ord[r];
-      y += wt[p] * eo[(erow ? (size_t)erow[p] : p) * D + d];
+      const float w = wt[p];
+      float e[V];
+      vload<V>(e, eo + (erow ? (size_t)erow[p] : p) * D + d);
+#pragma unroll
+      for (int v = 0; v < V; v++) y[v] += w * e[v];
     }
   } else if (MOE) {
-    y = moe_sum(y, eo, erow, idx, wt, t, k, D, d);
+#pragma unroll
+    for (int v = 0; v < V; v++) y[v] = moe_sum(y[v], eo, erow, idx, wt, t, k, D, d + v);
   }
   const float *cb = comb + (size_t)t * hc * hc;
 #pragma unroll
-  for (int h = 0; h < (HCT ? HCT : MAX_HC); h++)
+  for (int h = 0; h < HM; h++)
     if (h < hc) {
-      float acc = post[t * hc + h] * y;
+      const float ph = post[t * hc + h];
+      float acc[V];
 #pragma unroll
-      for (int g = 0; g < (HCT ? HCT : MAX_HC); g++)
-        if (g < hc) acc += cb[g * hc + h] * old[g];
-      Xt[(size_t)h * D + d] = acc;
+      for (int v = 0; v < V; v++) acc[v] = ph * y[v];
+#pragma unroll
+      for (int g = 0; g < HM; g++)
+        if (g < hc) {
+          const float c = cb[g * hc + h];
+#pragma unroll
+          for (int v = 0; v < V; v++) acc[v] += c * old[g][v];
+        }
+      vstore<V>(Xt + (size_t)h * D + d, acc);
     }
 }
+/* hc 4 or any; four elements per thread where D and the rows' alignment allow */
+static bool al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+#define MHC_POST_LAUNCH(MOE, V4, ...)                                                                               \
+  do {                                                                                                             \
+    const bool v4 = (V4) && D % 4 == 0;                                                                            \
+    const dim3 g = gk_blocks((size_t)T * D / (v4 ? 4 : 1), 256);                                                   \
+    if (hc == 4 && v4) gk_launch(mhc_post_k<MOE, 4, 4>, g, 256, 0, __VA_ARGS__);                                   \
+    else if (hc == 4) gk_launch(mhc_post_k<MOE, 4, 1>, g, 256, 0, __VA_ARGS__);                                    \
+    else if (v4) gk_launch(mhc_post_k<MOE, 0, 4>, g, 256, 0, __VA_ARGS__);                                         \
+    else gk_launch(mhc_post_k<MOE, 0, 1>, g, 256, 0, __VA_ARGS__);                                                 \
+  } while (0)
 extern "C" int gk_mhc_post(float *X, const float *a, const float *post, const float *comb, int T, int hc, int D) {
-  const dim3 g = gk_blocks((size_t)T * D, 256);
-  if (hc == 4)
-    gk_launch(mhc_post_k<false, 4>, g, 256, 0, X, a, (const float *)NULL, (const int *)NULL, (const int *)NULL,
-              (const float *)NULL, 0, post, comb, T, hc, D);
-  else
-    gk_launch(mhc_post_k<false, 0>, g, 256, 0, X, a, (const float *)NULL, (const int *)NULL, (const int *)NULL,
-              (const float *)NULL, 0, post, comb, T, hc, D);
+  MHC_POST_LAUNCH(false, al16(X) && al16(a), X, a, (const float *)NULL, (const int *)NULL, (const int *)NULL,
+                  (const float *)NULL, 0, post, comb, T, hc, D);
   return GK_LAUNCHED("mhc_post");
 }
 extern "C" int gk_mhc_post_moe(float *X, const float *a, const float *eo, const int *erow, const int *idx, const float *wt,
                                int k, const float *post, const float *comb, int T, int hc, int D) {
-  const dim3 g = gk_blocks((size_t)T * D, 256);
-  if (hc == 4) gk_launch(mhc_post_k<true, 4>, g, 256, 0, X, a, eo, erow, idx, wt, k, post, comb, T, hc, D);
-  else gk_launch(mhc_post_k<true, 0>, g, 256, 0, X, a, eo, erow, idx, wt, k, post, comb, T, hc, D);
+  MHC_POST_LAUNCH(true, al16(X) && al16(a) && al16(eo), X, a, eo, erow, idx, wt, k, post, comb, T, hc, D);
   return GK_LAUNCHED("mhc_post_moe");
 }
+#undef MHC_POST_LAUNCH
 
 __global__ void final_norm_k(const float *X, const float *w, int first, int hc, int D, float eps, float *h) {
   GK_PDL_BEGIN();
@@ -605,54 +626,73 @@ extern "C" int gk_kda_prep(float *qkv, int T, int H, int hd, float qscale) {
 
 #define KDA_MAXM 8 /* head dim <= 256 */
 /* gk_kda_conv + gk_kda_prep in one pass, the same per-element arithmetic
- * (same bits): one warp per (token, slot), slot = which * H + h with which
- * 0 q, 1 k, 2 v; the lanes hold the head's conv outputs, so the l2norm of q
- * and k needs no reread. SEQ (segments of a few tokens: decode): one warp
+ * (same bits): one warp per (NT consecutive tokens, slot), slot = which * H
+ * + h with which 0 q, 1 k, 2 v; the lanes hold the head's conv outputs, so
+ * the l2norm of q and k needs no reread. With the taps compiled in (KT > 0)
+ * a lane loads its channels' weights once for its NT tokens and slides the
+ * tap window: a token in the same segment as the one before reads one new
+ * raw row instead of KT (prefill was load-bound on the KT-fold reread and
+ * the per-token weights). SEQ (segments of a few tokens: decode): one warp
  * per (segment, slot) over the segment's tokens, which then writes the new
  * conv state of its channels (each lane owns its channels; their old rows
  * are read before they are overwritten), so decode needs no second
  * launch. */
-template <bool SEQ, int MM, int KT>
+template <bool SEQ, int MM, int KT, int NT>
 __global__ void kda_conv_prep_k(const float *raw, gk_batch b, const float *w, int T, int H, int hd, int K, float qscale,
                                 float *qkv) {
   GK_PDL_BEGIN();
+  constexpr int KA = KT > 0 ? KT : 1;
   const int lane = threadIdx.x & 31, inner = H * hd, ch = 3 * inner;
   const long wid = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int slot = (int)(SEQ ? wid : wid % (3 * H));
   if (slot >= 3 * H) return;
   const int which = slot / H, h = slot % H, c0 = which * inner + h * hd;
-  int sg, ta, tb;
+  int ta, tb;
   if (SEQ) {
-    sg = blockIdx.y;
-    ta = b.seg[sg].t0;
-    tb = ta + b.seg[sg].len;
+    ta = b.seg[blockIdx.y].t0;
+    tb = ta + b.seg[blockIdx.y].len;
   } else {
-    ta = (int)(wid / (3 * H));
+    ta = (int)(wid / (3 * H)) * NT;
     if (ta >= T) return;
-    tb = ta + 1;
-    sg = b.tseg[ta];
+    tb = min(T, ta + NT);
   }
-  const int t0 = b.seg[sg].t0;
-  float *st = b.seg[sg].ls[b.layer].p[GK_ST_CONV];
+  float x[MM][KA], wv[MM][KA];
+  if (KT > 0)
+#pragma unroll
+    for (int m = 0; m < MM; m++)
+#pragma unroll
+      for (int tau = 0; tau < KA; tau++) wv[m][tau] = lane + 32 * m >= hd ? 0.f : w[(size_t)(c0 + lane + 32 * m) * KT + tau];
+  int psg = -1;
   for (int t = ta; t < tb; t++) {
+    const int sg = SEQ ? (int)blockIdx.y : b.tseg[t], t0 = b.seg[sg].t0;
+    const float *st = b.seg[sg].ls[b.layer].p[GK_ST_CONV];
     float v[MM], ss = 0;
     if (KT > 0) { /* every tap of every channel loaded before the first product (kda_conv1's arithmetic) */
-      float x[MM][KT > 0 ? KT : 1], wv[MM][KT > 0 ? KT : 1];
+      if (sg == psg) { /* token t-1's taps 1..KT-1 are t's 0..KT-2; the newest row is in the segment */
 #pragma unroll
-      for (int m = 0; m < MM; m++) {
-        const int i = lane + 32 * m, j = c0 + i;
+        for (int m = 0; m < MM; m++) {
+          const int i = lane + 32 * m;
 #pragma unroll
-        for (int tau = 0; tau < KT; tau++) {
-          const int src = t - t0 - (KT - 1) + tau;
-          x[m][tau] = i >= hd ? 0.f : src >= 0 ? raw[(size_t)(t0 + src) * ch + j] : st[(size_t)(KT - 1 + src) * ch + j];
-          wv[m][tau] = i >= hd ? 0.f : w[(size_t)j * KT + tau];
+          for (int tau = 0; tau + 1 < KA; tau++) x[m][tau] = x[m][tau + 1];
+          x[m][KA - 1] = i >= hd ? 0.f : raw[(size_t)t * ch + c0 + i];
+        }
+      } else {
+#pragma unroll
+        for (int m = 0; m < MM; m++) {
+          const int i = lane + 32 * m, j = c0 + i;
+#pragma unroll
+          for (int tau = 0; tau < KA; tau++) {
+            const int src = t - t0 - (KT - 1) + tau;
+            x[m][tau] = i >= hd ? 0.f : src >= 0 ? raw[(size_t)(t0 + src) * ch + j] : st[(size_t)(KT - 1 + src) * ch + j];
+          }
         }
       }
+      psg = sg;
 #pragma unroll
       for (int m = 0; m < MM; m++) {
         float acc = 0;
 #pragma unroll
-        for (int tau = 0; tau < KT; tau++) acc += wv[m][tau] * x[m][tau];
+        for (int tau = 0; tau < KA; tau++) acc += wv[m][tau] * x[m][tau];
         v[m] = 0.f;
         if (lane + 32 * m >= hd) continue;
         v[m] = acc / (1.0f + expf(-acc));
@@ -684,32 +724,53 @@ __global__ void kda_conv_prep_k(const float *raw, gk_batch b, const float *w, in
     }
   }
   if (SEQ) /* kda_conv_state_k for this slot's channels */
-    for (int i = lane; i < hd; i += 32) kda_conv_shift1(raw, st, ta, tb - ta, c0 + i, ch, K);
+    for (int i = lane; i < hd; i += 32)
+      kda_conv_shift1(raw, b.seg[blockIdx.y].ls[b.layer].p[GK_ST_CONV], ta, tb - ta, c0 + i, ch, K);
 }
 /* segments up to this long take the SEQ form */
 #define KDA_SEQ_MAX 4
+/* tokens per warp of the prefill form with 4 taps (the taps slide over a
+ * warp's tokens): 1, 4 or 8. 1 is the default, the measured form (a run of
+ * 16 tokens per warp measured slower, docs/gpu.md); 4 and 8 are written
+ * and tested (bitwise) but not yet measured on the H200: the A/B in
+ * bench/gpu/gpu_decode.c decides. GLM53_GPU_KDA_CONV_NT or
+ * gk_set_kda_conv_nt. */
+static int g_kc_nt;
+extern "C" void gk_set_kda_conv_nt(int nt) { g_kc_nt = nt == 1 || nt == 4 || nt == 8 ? nt : 0; }
+static int kc_nt(void) {
+  if (!g_kc_nt) {
+    const char *e = getenv("GLM53_GPU_KDA_CONV_NT");
+    const int v = e ? atoi(e) : 1;
+    g_kc_nt = v == 4 || v == 8 ? v : 1;
+  }
+  return g_kc_nt;
+}
 extern "C" int gk_kda_conv_prep(const float *raw, const gk_batch *b, const float *w, int T, int H, int hd, int K,
                                 float qscale, float *qkv) {
   if (hd > 32 * KDA_MAXM) return gk_fail("kda: head dim %d above %d", hd, 32 * KDA_MAXM);
   if (batch_ok(b, "kda_conv_prep")) return -1;
   const int slots = 3 * H;
   const bool seq = b->maxlen <= KDA_SEQ_MAX;
-  const dim3 grid = seq ? dim3(gk_blocks((size_t)slots * 32, 256), b->nseg) : dim3(gk_blocks((size_t)T * slots * 32, 256));
+  const int nt = seq || K != 4 ? 1 : kc_nt();
+  const dim3 grid = seq ? dim3(gk_blocks((size_t)slots * 32, 256), b->nseg)
+                        : dim3(gk_blocks((size_t)((T + nt - 1) / nt) * slots * 32, 256));
   /* the head dim's registers per lane; the config's 4 taps unrolled */
-#define KCP(S, M, KK) gk_launch(kda_conv_prep_k<S, M, KK>, grid, 256, 0, raw, *b, w, T, H, hd, K, qscale, qkv)
-#define KCP_M(S, KK)                                                                                             \
+#define KCP(S, M, KK, N) gk_launch(kda_conv_prep_k<S, M, KK, N>, grid, 256, 0, raw, *b, w, T, H, hd, K, qscale, qkv)
+#define KCP_M(S, KK, N)                                                                                          \
   do {                                                                                                           \
-    if (hd <= 32) KCP(S, 1, KK);                                                                                 \
-    else if (hd <= 64) KCP(S, 2, KK);                                                                            \
-    else if (hd <= 128) KCP(S, 4, KK);                                                                           \
-    else KCP(S, 8, KK);                                                                                          \
+    if (hd <= 32) KCP(S, 1, KK, N);                                                                              \
+    else if (hd <= 64) KCP(S, 2, KK, N);                                                                         \
+    else if (hd <= 128) KCP(S, 4, KK, N);                                                                        \
+    else KCP(S, 8, KK, N);                                                                                       \
   } while (0)
   if (seq) {
-    if (K == 4) KCP_M(true, 4);
-    else KCP_M(true, 0);
+    if (K == 4) KCP_M(true, 4, 1);
+    else KCP_M(true, 0, 1);
   } else {
-    if (K == 4) KCP_M(false, 4);
-    else KCP_M(false, 0);
+    if (nt == 8) KCP_M(false, 4, 8);
+    else if (nt == 4) KCP_M(false, 4, 4);
+    else if (K == 4) KCP_M(false, 4, 1);
+    else KCP_M(false, 0, 1);
     gk_launch(kda_conv_state_k, dim3(gk_blocks(3 * H * hd, 256), b->nseg), 256, 0, raw, *b, 3 * H * hd, K);
   }
 #undef KCP_M
