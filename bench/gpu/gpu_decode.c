@@ -71,7 +71,7 @@ static int stream_bench(glm53_model *m, int E, int steps, size_t dbytes) {
   for (int l = 0; l < c->num_hidden_layers; l++) moe_layers += c->mlp_layer_types[l] == MLP_MOE;
   double total = blob * E * moe_layers;
   static const double fr[] = {-1, 0.75, 0.5, 0.25, 0};
-  const int V = c->vocab_size, ctx = 64 + steps + 16;
+  const int V = c->vocab_size, ctx = 64 + 2 * steps + 16;
   int32_t *tok = synth_tokens(ctx, V);
   float *logits = xmalloc((size_t)V * sizeof(float));
   for (size_t i = 0; i < sizeof fr / sizeof *fr; i++) {
@@ -87,19 +87,27 @@ static int stream_bench(glm53_model *m, int E, int steps, size_t dbytes) {
     if (!s) { printf("session: %s\n", glm53_last_error()); return 1; }
     run(s, tok, 64, logits);
     for (int w = 0; w < 3; w++) run(s, tok + 64 + w, 1, logits);
-    glm53_gpu_expert_stats_reset(m);
-    double t1 = now_sec();
-    for (int k = 0; k < steps; k++) glm53_forward(s, tok + 67 + k, 1, logits, 0);
-    double dt = (now_sec() - t1) / steps;
-    glm53_gpu_expert_stats_get(m, &st);
-    unsigned long long u = st.hits + st.misses;
-    double gbt = st.bytes_h2d / 1e9 / steps;
-    printf("stream budget %5.2f GB (%3.0f%% of %.2f GB experts): %3ld resident, %3ld streamed, %3d slots; decode %.2f ms/token = "
-           "%.1f tok/s; hit rate %5.1f%% (%llu hits, %llu misses), %.3f GB/token copied = %.0f%% of the step at the measured "
-           "H2D bandwidth; init %.1f s\n",
-           fr[i] < 0 ? total / 1e9 : m->gpu_expert_gb, fr[i] < 0 ? 100.0 : 100 * fr[i], total / 1e9, st.resident, st.streamed,
-           st.slots, dt * 1e3, 1 / dt, u ? 100.0 * st.hits / u : 100.0, st.hits, st.misses, gbt,
-           h2d > 0 ? 100.0 * gbt / h2d / dt : 0.0, tinit);
+    /* with the look-ahead copies (default), then without, continuing the
+     * same sequence (positions 67.. then 67 + steps..) */
+    for (int la = 1; la >= 0; la--) {
+      glm53_gpu_set_expert_lookahead(la);
+      glm53_gpu_expert_stats_reset(m);
+      const int32_t *tk = tok + 67 + (1 - la) * steps;
+      double t1 = now_sec();
+      for (int k = 0; k < steps; k++) glm53_forward(s, tk + k, 1, logits, 0);
+      double dt = (now_sec() - t1) / steps;
+      glm53_gpu_expert_stats_get(m, &st);
+      unsigned long long u = st.hits + st.misses;
+      double gbt = st.bytes_h2d / 1e9 / steps;
+      printf("stream budget %5.2f GB (%3.0f%% of %.2f GB experts), look-ahead %s: %3ld resident, %3ld streamed, %3d slots; "
+             "decode %.2f ms/token = %.1f tok/s; hit rate %5.1f%% (%llu hits, %llu misses; %llu look-ahead copies, %llu "
+             "used), %.3f GB/token copied = %.0f%% of the step at the measured H2D bandwidth; init %.1f s\n",
+             fr[i] < 0 ? total / 1e9 : m->gpu_expert_gb, fr[i] < 0 ? 100.0 : 100 * fr[i], total / 1e9, !st.streaming ? "n/a" : la ? "on " : "off",
+             st.resident, st.streamed, st.slots, dt * 1e3, 1 / dt, u ? 100.0 * st.hits / u : 100.0, st.hits, st.misses,
+             st.prefetches, st.prefetch_hits, gbt, h2d > 0 ? 100.0 * gbt / h2d / dt : 0.0, tinit);
+      if (fr[i] < 0) break; /* all resident: nothing streamed */
+    }
+    glm53_gpu_set_expert_lookahead(-1);
     glm53_session_free(s);
   }
   (void)dbytes;

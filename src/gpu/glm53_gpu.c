@@ -292,9 +292,10 @@ static void gpu_model_free(glm53_model *m) {
   if (g->xc.active) {
     const gpu_xcache *x = &g->xc;
     uint64_t u = x->hits + x->misses;
-    LOG_INFO("gpu experts at model free: %llu cache hits, %llu misses (hit rate %.1f%%), %.3f GB copied host->device, "
-             "%llu uses of resident experts",
-             (unsigned long long)x->hits, (unsigned long long)x->misses, u ? 100.0 * x->hits / u : 0.0, x->bytes_h2d / 1e9,
+    LOG_INFO("gpu experts at model free: %llu cache hits, %llu misses (hit rate %.1f%%), %llu look-ahead copies "
+             "(%llu used), %.3f GB copied host->device, %llu uses of resident experts",
+             (unsigned long long)x->hits, (unsigned long long)x->misses, u ? 100.0 * x->hits / u : 0.0,
+             (unsigned long long)x->prefetches, (unsigned long long)x->prefetch_hits, x->bytes_h2d / 1e9,
              (unsigned long long)x->uses_resident);
   }
   gk_sync(); /* copies in flight read the host blobs freed below */
@@ -532,6 +533,8 @@ typedef struct {
   int *dense, *npools, *tail, *pools;
   float *logits, *wt, *sg, *su, *pg, *pu, *eo, *xin, *xg, *xu, *xo; /* MoE */
   int *idx, *prow, *trow, *grp; /* grp: the pairs grouped per expert (gk_expert_group) */
+  int *pidx;                     /* expert streaming's look-ahead: the next streamed layer's routing, guessed */
+  float *pwt;
   int *eoff;                     /* gk_moe_sort's first slot per expert [E + 1] */
   const int *erow;               /* the MoE layer's eo row per pair (gk_mhc_post_moe), NULL: the pair */
   float *dg, *du, *h;
@@ -576,6 +579,7 @@ static size_t layout(const glm53_config *c, int T, int maxpool, size_t part, cha
   C_(apart, (part > 0 ? part : 1) * F); /* MLA split partials (flash-decoding launches only) */
   C_(dense, Tz * 4); C_(npools, Tz * 4); C_(tail, Tz * 4); C_(pools, Tz * K * 4);
   C_(logits, Tz * (E > 0 ? E : 1) * F); C_(idx, Tz * k * 4); C_(wt, Tz * k * F); C_(prow, Tz * k * 4); C_(trow, Tz * k * 4);
+  C_(pidx, Tz * k * 4); C_(pwt, Tz * k * F);
   C_(grp, gk_expert_group_ints((int)(Tz * k), (int)(E > 0 ? E : 1)) * 4); C_(eoff, (E + 1) * 4);
   C_(sg, Tz * Is * F); C_(su, Tz * Is * F);
   const size_t PR = gk_moe_gemm_rows((int)(Tz * k)); /* pair rows, with the GEMM form's padding */
@@ -714,20 +718,67 @@ static int expert_dev(const glm53_config *c, const glayer *G, acts *A, int T, in
   return gk_scatter_rows(A->eo, A->xo, A->prow + cnt[e], n, D);
 }
 
+/* Expert streaming's look-ahead (on unless GLM53_GPU_EXPERT_LOOKAHEAD=0 or
+ * glm53_gpu_set_expert_lookahead(0)): decode steps and small batches only
+ * (a long chunk uses most experts of every layer). */
+static int g_lookahead = -1;
+void glm53_gpu_set_expert_lookahead(int on) { g_lookahead = on < 0 ? -1 : on ? 1 : 0; }
+static int lookahead_on(void) {
+  if (g_lookahead < 0) {
+    const char *e = getenv("GLM53_GPU_EXPERT_LOOKAHEAD");
+    g_lookahead = !(e && !strcmp(e, "0"));
+  }
+  return g_lookahead;
+}
+/* the first layer after l with streamed experts, or -1 */
+static int next_streamed(const gpu_xcache *x, int l) {
+  for (int j = l + 1; j < x->nlayers; j++)
+    if (x->L[j].nstreamed > 0) return j;
+  return -1;
+}
+/* The guessed experts of layer la (pidx: np pairs, first use first), copied
+ * after this layer's own copies, into slots this layer does not hold, until
+ * none is left. */
+static int prefetch_next(gmodel *g, int la, const int *pidx, int np) {
+  gpu_xcache *x = &g->xc;
+  glayer *N = &g->layers[la];
+  for (int p = 0; p < np; p++) {
+    if (pidx[p] < 0 || pidx[p] >= x->E) continue;
+    const int r = gpu_xcache_prefetch(x, la, pidx[p], N->h_exp, N->d_exp);
+    if (r == GPU_XC_FULL) return 0;
+    if (r) return -1;
+  }
+  return 0;
+}
+
 /* MoE of a layer with streamed experts: the routing comes back to the host
  * (while the shared expert runs), the missing experts are copied into cache
  * slots by the copy stream (as many as free slots allow before any compute,
  * so the copy of one overlaps the products of the previous), then each used
- * expert's products run after its copy. */
+ * expert's products run after its copy. Look-ahead: the next layer with
+ * streamed experts routes this layer's input with its own router, and the
+ * experts so guessed are copied after this layer's, overlapping this
+ * layer's products and the next layer's attention (the residual stream
+ * changes little from one layer to the next, so its routing is often the
+ * same; a wrong guess costs copy time, never results: the next layer
+ * fetches what it really routes to as usual). */
 static int moe_stream(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
   glayer *G = &g->layers[l];
   gpu_xcache *x = &g->xc;
   const int D = c->hidden_size, E = c->n_routed_experts, k = c->num_experts_per_tok, np = T * k;
+  const int la = T < gk_gemm_min() && lookahead_on() ? next_streamed(x, l) : -1;
   TRY(gk_matmul(&G->router, A->y, T, D, A->logits, E));
   TRY(gk_moe_route(A->logits, G->bias, T, E, k, c->n_group, c->topk_group, c->norm_topk_prob, c->routed_scaling_factor,
                    A->idx, A->wt));
-  int *hidx = gpu_xcache_idx(x, (size_t)np);
+  if (la >= 0) { /* logits are free again once routed (stream order) */
+    const glayer *N = &g->layers[la];
+    TRY(gk_matmul(&N->router, A->y, T, D, A->logits, E));
+    TRY(gk_moe_route(A->logits, N->bias, T, E, k, c->n_group, c->topk_group, c->norm_topk_prob,
+                     c->routed_scaling_factor, A->pidx, A->pwt));
+  }
+  int *hidx = gpu_xcache_idx(x, (size_t)np * (la >= 0 ? 2 : 1));
   TRY(gk_d2h_async(hidx, A->idx, (size_t)np * sizeof(int)));
+  if (la >= 0) TRY(gk_d2h_async(hidx + np, A->pidx, (size_t)np * sizeof(int)));
   TRY(gk_event_on_compute(x->route_ev));
   TRY(mlp_dev(&G->shared, c->swiglu_limit, A->y, T, D, A->sg, A->su, A->a));
   TRY(gk_event_sync(x->route_ev));
@@ -757,6 +808,7 @@ static int moe_stream(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
     if (!placed[i] && gpu_xcache_fetch(x, l, u[i], G->h_exp, G->d_exp, 1)) rc = -1;
     else rc = gpu_xcache_ready(x, l, u[i]) || expert_dev(c, G, A, T, u[i], cnt) || gpu_xcache_done(x, l, u[i]);
   }
+  if (la >= 0 && !rc) rc = prefetch_next(g, la, hidx + np, np);
   free(cnt); free(u); free(placed);
   return rc ? -1 : 0; /* the routed outputs are added by gk_mhc_post_moe */
 }
@@ -1031,12 +1083,14 @@ int glm53_gpu_expert_stats_get(const glm53_model *m, glm53_gpu_expert_stats *o) 
   o->misses = x->misses;
   o->resident_uses = x->uses_resident;
   o->bytes_h2d = x->bytes_h2d;
+  o->prefetches = x->prefetches;
+  o->prefetch_hits = x->prefetch_hits;
   return 0;
 }
 void glm53_gpu_expert_stats_reset(glm53_model *m) {
   if (m->backend != &gpu_backend || !m->backend_model) return;
   gpu_xcache *x = &((gmodel *)m->backend_model)->xc;
-  x->hits = x->misses = x->uses_resident = x->bytes_h2d = 0;
+  x->hits = x->misses = x->uses_resident = x->bytes_h2d = x->prefetches = x->prefetch_hits = 0;
 }
 
 static const glm53_backend gpu_backend = {

@@ -22,17 +22,24 @@ void glm53_gpu_profile_dump(const char *label);
 
 /* Routed-expert placement of a model on the gpu backend (docs/gpu.md):
  * counts, cache slots, and since load (or the last reset) the cache hits and
- * misses among streamed experts (one per expert used by a layer call) and
- * the bytes copied host->device. -1 when the model is not on the gpu. */
+ * misses among streamed experts (one per expert used by a layer call; an
+ * expert the look-ahead copied in time is a hit), the look-ahead copies
+ * and how many of them a layer then used, and the bytes copied
+ * host->device. -1 when the model is not on the gpu. */
 typedef struct {
   int streaming;             /* some expert lives in host memory */
   long resident, streamed;   /* experts */
   int slots;                 /* device cache slots */
   double resident_gb, slot_gb, budget_gb;
   unsigned long long hits, misses, resident_uses, bytes_h2d;
+  unsigned long long prefetches, prefetch_hits;
 } glm53_gpu_expert_stats;
 int glm53_gpu_expert_stats_get(const glm53_model *m, glm53_gpu_expert_stats *out);
 void glm53_gpu_expert_stats_reset(glm53_model *m);
+/* Expert streaming's look-ahead copies of the next streamed layer's guessed
+ * experts: 1 on, 0 off, -1 back to $GLM53_GPU_EXPERT_LOOKAHEAD (default on).
+ * Placement only: results are the same either way. Bench and test use. */
+void glm53_gpu_set_expert_lookahead(int on);
 
 /* The GEMM form of the MLA attention for long chunks: 1 on (default, unless
  * GLM53_GPU_MLA_GEMM=0 or its startup check failed), 0 off. Bench use. */

@@ -4,7 +4,8 @@
  * packed into one host buffer (page-locked when the driver allows, so the
  * copies run on the copy engine asynchronously), one blob per expert, and
  * cached in device slots replaced least-frequently-used with aging (ties
- * and GLM53_GPU_EXPERT_POLICY=lru: least recently used). Which weights a
+ * and GLM53_GPU_EXPERT_POLICY=lru: least recently used), and filled ahead
+ * of use by the look-ahead of moe_stream (glm53_gpu.c). Which weights a
  * product reads never changes its arithmetic, so results do not depend on
  * the placement (tests/gpu/test_gpu_expert_cache.c). */
 #include "gpu/gpu_internal.h"
@@ -131,6 +132,7 @@ int gpu_xcache_init(gpu_xcache *x, const glm53_model *m, gpu_mat **h_exp, double
   x->s_exp = xmalloc((size_t)x->nslots * sizeof(int));
   x->s_tick = xcalloc((size_t)x->nslots, sizeof(uint64_t));
   x->s_call = xcalloc((size_t)x->nslots, sizeof(uint64_t));
+  x->s_pref = xcalloc((size_t)x->nslots, 1);
   x->s_free = xcalloc((size_t)x->nslots, sizeof(void *));
   x->s_ready = xcalloc((size_t)x->nslots, sizeof(void *));
   for (int s = 0; s < x->nslots; s++) {
@@ -154,7 +156,7 @@ void gpu_xcache_free(gpu_xcache *x) {
     if (x->s_ready) gk_event_free(x->s_ready[s]);
   }
   gk_event_free(x->route_ev);
-  free(x->s_layer); free(x->s_exp); free(x->s_tick); free(x->s_call); free(x->s_free); free(x->s_ready);
+  free(x->s_layer); free(x->s_exp); free(x->s_tick); free(x->s_call); free(x->s_pref); free(x->s_free); free(x->s_ready);
   if (x->host_pinned) gk_host_pinned_free(x->host);
   else free(x->host);
   if (x->h_idx_pinned) gk_host_pinned_free(x->h_idx);
@@ -186,6 +188,21 @@ static void point(const gpu_xlayer *L, char *base, gpu_mat *m3) {
   }
 }
 
+/* the copy of expert e of layer l into slot s (already assigned to it) */
+static int load_slot(gpu_xcache *x, int s, int l, int e, gpu_mat *h_exp_l, gpu_mat *d_exp_l) {
+  const gpu_xlayer *L = &x->L[l];
+  char *dst = x->dslots + (size_t)s * x->slot_bytes;
+  /* the copy engine overwrites the slot only after the kernels that read its
+   * previous expert; the kernels of this one wait for the copy */
+  if (gk_copy_wait(x->s_free[s]) || gk_copy_h2d_async(dst, L->host[e], L->blob) || gk_event_on_copy(x->s_ready[s]))
+    return glm53_err("gpu expert copy: %s", gk_error());
+  x->bytes_h2d += L->blob;
+  point(L, dst, &h_exp_l[e * 3]);
+  /* the device table entries, in order with the kernels that read them */
+  if (gk_h2d_compute(&d_exp_l[e * 3], &h_exp_l[e * 3], 3 * sizeof(gpu_mat))) return glm53_err("gpu expert table: %s", gk_error());
+  return 0;
+}
+
 int gpu_xcache_fetch(gpu_xcache *x, int l, int e, gpu_mat *h_exp_l, gpu_mat *d_exp_l, int evict_current) {
   gpu_xlayer *L = &x->L[l];
   if (!L->host || !L->host[e]) {
@@ -195,17 +212,14 @@ int gpu_xcache_fetch(gpu_xcache *x, int l, int e, gpu_mat *h_exp_l, gpu_mat *d_e
   if (gpu_xcache_lookup(x, l, e) >= 0) return 0;
   int s = gpu_xcache_pick(x, evict_current);
   if (s < 0) return 1;
-  char *dst = x->dslots + (size_t)s * x->slot_bytes;
-  /* the copy engine overwrites the slot only after the kernels that read its
-   * previous expert; the kernels of this one wait for the copy */
-  if (gk_copy_wait(x->s_free[s]) || gk_copy_h2d_async(dst, L->host[e], L->blob) || gk_event_on_copy(x->s_ready[s]))
-    return glm53_err("gpu expert copy: %s", gk_error());
   gpu_xcache_assign(x, s, l, e);
-  x->bytes_h2d += L->blob;
-  point(L, dst, &h_exp_l[e * 3]);
-  /* the device table entries, in order with the kernels that read them */
-  if (gk_h2d_compute(&d_exp_l[e * 3], &h_exp_l[e * 3], 3 * sizeof(gpu_mat))) return glm53_err("gpu expert table: %s", gk_error());
-  return 0;
+  return load_slot(x, s, l, e, h_exp_l, d_exp_l);
+}
+
+int gpu_xcache_prefetch(gpu_xcache *x, int l, int e, gpu_mat *h_exp_l, gpu_mat *d_exp_l) {
+  const int s = gpu_xcache_prefetch_slot(x, l, e);
+  if (s == GPU_XC_FULL) return GPU_XC_FULL;
+  return s < 0 ? 0 : load_slot(x, s, l, e, h_exp_l, d_exp_l);
 }
 
 int gpu_xcache_lookup(gpu_xcache *x, int l, int e) {
@@ -215,20 +229,49 @@ int gpu_xcache_lookup(gpu_xcache *x, int l, int e) {
     x->hits++;
     gpu_xcache_count(x, l, e);
   }
+  if (x->s_pref[s]) { /* the first use of a look-ahead copy */
+    x->s_pref[s] = 0;
+    x->prefetch_hits++;
+  }
   x->s_tick[s] = ++x->tick;
   x->s_call[s] = x->call;
   return s;
 }
 
-void gpu_xcache_assign(gpu_xcache *x, int s, int l, int e) {
+/* slot s now holds (l, e), used (or claimed) by the current call */
+static void place(gpu_xcache *x, int s, int l, int e) {
   if (x->s_exp[s] >= 0) x->L[x->s_layer[s]].slot[x->s_exp[s]] = -1;
   x->s_layer[s] = l;
   x->s_exp[s] = e;
   x->s_tick[s] = ++x->tick;
   x->s_call[s] = x->call;
+  x->s_pref[s] = 0;
   x->L[l].slot[e] = s;
+}
+
+void gpu_xcache_assign(gpu_xcache *x, int s, int l, int e) {
+  place(x, s, l, e);
   x->misses++;
   gpu_xcache_count(x, l, e);
+}
+
+/* A guess is no use yet: it counts no miss and no frequency (an unused
+ * guess is the first LFU victim) but, like the current call's experts, is
+ * kept from the eviction of the guesses after it. */
+int gpu_xcache_prefetch_slot(gpu_xcache *x, int l, int e) {
+  const gpu_xlayer *L = &x->L[l];
+  if (!L->host || !L->host[e]) return GPU_XC_HELD;
+  int s = L->slot[e];
+  if (s >= 0) {
+    x->s_tick[s] = ++x->tick;
+    x->s_call[s] = x->call;
+    return GPU_XC_HELD;
+  }
+  if ((s = gpu_xcache_pick(x, 0)) < 0) return GPU_XC_FULL;
+  place(x, s, l, e);
+  x->s_pref[s] = 1;
+  x->prefetches++;
+  return s;
 }
 
 void gpu_xcache_count(gpu_xcache *x, int l, int e) {

@@ -49,6 +49,7 @@ typedef struct {
   char *dslots;       /* device: nslots * slot_bytes */
   int *s_layer, *s_exp;
   uint64_t *s_tick, *s_call;
+  uint8_t *s_pref;    /* per slot: filled by a look-ahead prefetch, not yet used */
   void **s_free, **s_ready; /* per slot: last compute use done / copy done */
   uint64_t tick, call;
   int lfu;            /* eviction: 1 least frequently used (ties: least recent), 0 least recently used */
@@ -62,6 +63,7 @@ typedef struct {
   long resident, streamed;
   double resident_bytes, budget_bytes;
   uint64_t uses_resident, hits, misses, bytes_h2d;
+  uint64_t prefetches, prefetch_hits; /* look-ahead copies; those a later layer call used */
 } gpu_xcache;
 
 /* Uploads the resident experts with up() and stages the others; h_exp[l]
@@ -92,6 +94,19 @@ int gpu_xcache_lookup(gpu_xcache *x, int l, int e);
 int gpu_xcache_pick(const gpu_xcache *x, int evict_current);
 void gpu_xcache_assign(gpu_xcache *x, int s, int l, int e);
 void gpu_xcache_count(gpu_xcache *x, int l, int e);
+/* Look-ahead (moe_stream): expert e of a later layer l, guessed from an
+ * earlier layer's routing input, copied ahead of its use into a slot the
+ * current call does not hold. prefetch_slot is the bookkeeping: the slot
+ * now assigned to (l, e) and marked prefetched (no miss is counted; the
+ * later call's lookup counts a hit and a prefetch hit), or GPU_XC_HELD when
+ * e is resident or already cached (then protected like the current call's
+ * experts), or GPU_XC_FULL when every slot is held by the current call.
+ * prefetch: that plus the copy; returns GPU_XC_FULL, 0, or -1 on a device
+ * error. */
+#define GPU_XC_HELD (-1)
+#define GPU_XC_FULL (-2)
+int gpu_xcache_prefetch_slot(gpu_xcache *x, int l, int e);
+int gpu_xcache_prefetch(gpu_xcache *x, int l, int e, gpu_mat *h_exp_l, gpu_mat *d_exp_l);
 /* The compute stream waits for expert e's copy. */
 int gpu_xcache_ready(gpu_xcache *x, int l, int e);
 /* After the launches that read expert e: its slot may be reused after them. */

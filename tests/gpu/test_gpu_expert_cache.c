@@ -2,13 +2,16 @@
  * resident against a tiny VRAM budget (nothing resident: every expert is
  * streamed from host memory through the cache slots), a budget that keeps
  * some layers resident, and a single cache slot (eviction inside one layer
- * call), on the fixture model and on models/tiny (when present):
+ * call), each with the look-ahead copies of the next layer's guessed
+ * experts (and once without), on the fixture model and on models/tiny
+ * (when present):
  *  - GEMV mode (GLM53_GPU_GEMM_MIN above every chunk): bitwise equal;
  *  - default mode (cuBLAS for chunks of >= 32 tokens, one GEMM per expert
  *    either way): max relative row difference <= 1e-6 (printed; expected 0);
  * prefill chunks and decode steps both; the cache statistics must show
- * copies while streaming, and hits when the cache holds every streamed
- * expert. No device: SKIP. */
+ * copies while streaming, hits when the cache holds every streamed expert,
+ * look-ahead copies with the default slots (twice top-k: one layer's
+ * experts and the next's guessed ones) and none when it is off. No device: SKIP. */
 #include "glm53.h"
 #include "gpu_test.h"
 #include "gpu/kernels/gk.h"
@@ -22,6 +25,8 @@ typedef struct {
   double gb;      /* load option */
   const char *slots; /* $GLM53_GPU_EXPERT_SLOTS or NULL */
   int expect_hits;   /* the cache holds every streamed expert */
+  int no_lookahead;  /* glm53_gpu_set_expert_lookahead(0) */
+  int expect_prefetch; /* look-ahead copies expected (free slots beyond one layer's experts) */
 } placement;
 
 /* ref: all resident; then each placement, both product modes */
@@ -41,6 +46,7 @@ static void compare(const char *what, glm53_model *(*load)(double gb, void *ctx)
     for (int p = 0; p < npl; p++) {
       if (pl[p].slots) setenv("GLM53_GPU_EXPERT_SLOTS", pl[p].slots, 1);
       else unsetenv("GLM53_GPU_EXPERT_SLOTS");
+      glm53_gpu_set_expert_lookahead(pl[p].no_lookahead ? 0 : 1);
       glm53_model *m = load(pl[p].gb, ctx);
       CHECK(m != NULL, "%s %s: load: %s", what, pl[p].name, glm53_last_error());
       if (!m) continue;
@@ -53,19 +59,24 @@ static void compare(const char *what, glm53_model *(*load)(double gb, void *ctx)
         double d = rows_rel_diff(a, b, n, V);
         int same = memcmp(a, b, (size_t)n * V * 4) == 0;
         unsigned long long u = st.hits + st.misses;
-        printf("%s %-22s %s chunks %zu: %ld resident / %ld streamed, %d slots; hits %llu misses %llu (%.0f%%), %.3f MB "
-               "copied; max rel diff %.3g%s\n",
+        printf("%s %-26s %s chunks %zu: %ld resident / %ld streamed, %d slots; hits %llu misses %llu (%.0f%%), "
+               "look-ahead %llu (%llu used), %.3f MB copied; max rel diff %.3g%s\n",
                what, pl[p].name, mode ? "gemv  " : "cublas", ch, st.resident, st.streamed, st.slots, st.hits, st.misses,
-               u ? 100.0 * st.hits / u : 0.0, st.bytes_h2d / 1e6, d, same ? " (bitwise equal)" : "");
+               u ? 100.0 * st.hits / u : 0.0, st.prefetches, st.prefetch_hits, st.bytes_h2d / 1e6, d,
+               same ? " (bitwise equal)" : "");
         if (mode) CHECK(same, "%s %s chunks %zu: gemv mode differs (%g)", what, pl[p].name, ch, d);
         else CHECK(d <= 1e-6, "%s %s chunks %zu: %g", what, pl[p].name, ch, d);
         /* a cache that holds every streamed expert is warm after the first pattern */
-        CHECK(st.misses > 0 || (pl[p].expect_hits && ch > 0), "%s %s: no expert was copied", what, pl[p].name);
+        CHECK(st.bytes_h2d > 0 || (pl[p].expect_hits && ch > 0), "%s %s: no expert was copied", what, pl[p].name);
         if (pl[p].expect_hits) CHECK(st.hits > 0, "%s %s: no cache hit", what, pl[p].name);
+        CHECK(st.prefetch_hits <= st.prefetches, "%s %s: more look-ahead hits than copies", what, pl[p].name);
+        if (pl[p].no_lookahead) CHECK(st.prefetches == 0, "%s %s: look-ahead copies while off", what, pl[p].name);
+        if (pl[p].expect_prefetch) CHECK(st.prefetches > 0, "%s %s: no look-ahead copy", what, pl[p].name);
       }
       glm53_model_free(m);
     }
     unsetenv("GLM53_GPU_EXPERT_SLOTS");
+    glm53_gpu_set_expert_lookahead(-1);
     free(a); free(b);
     glm53_model_free(ref);
   }
@@ -93,16 +104,17 @@ int main(void) {
   /* fixture experts: f32 16x32, 16x32, 32x16 -> 3 x 2 KB blobs; 8 per MoE layer */
   const double blob = 6.0 * 1024 / 1e9;
   const placement pl[] = {
-      {"nothing resident", 1e-12, NULL, 0},
-      {"two layers resident", blob * (16 + 4), "4", 0},
-      {"one slot", 1e-12, "1", 0},
-      {"cache holds all", 1e-12, "32", 1},
+      {"nothing resident", 1e-12, NULL, 0, 0, 1},
+      {"nothing resident, no look-ahead", 1e-12, NULL, 0, 1, 0},
+      {"two layers resident", blob * (16 + 4), "4", 0, 0, 0},
+      {"one slot", 1e-12, "1", 0, 0, 0},
+      {"cache holds all", 1e-12, "32", 1, 0, 0},
   };
   const int n = 48;
   int32_t tok[48];
   trng r = {1234};
   for (int i = 0; i < n; i++) tok[i] = (int32_t)(trng_u64(&r) % (uint64_t)c.vocab_size);
-  compare("fixture", load_fixture, &c, pl, 4, tok, n);
+  compare("fixture", load_fixture, &c, pl, (int)(sizeof pl / sizeof *pl), tok, n);
   const char *tiny = "models/tiny";
   if (access("models/tiny/config.json", R_OK) == 0) {
     glm53_model *probe = glm53_model_load(tiny, &(glm53_load_opts){.backend = "cpu"});
@@ -110,7 +122,7 @@ int main(void) {
       int V = glm53_model_vocab_size(probe);
       glm53_model_free(probe);
       for (int i = 0; i < n; i++) tok[i] = (int32_t)(trng_u64(&r) % (uint64_t)V);
-      const placement pt[] = {{"nothing resident", 1e-12, NULL, 0}, {"one slot", 1e-12, "1", 0}};
+      const placement pt[] = {{"nothing resident", 1e-12, NULL, 0, 0, 0}, {"one slot", 1e-12, "1", 0, 0, 0}};
       compare("tiny", load_tiny, (void *)tiny, pt, 2, tok, n);
     } else
       CHECK(0, "models/tiny: %s", glm53_last_error());
