@@ -102,7 +102,8 @@ static int stream_bench(glm53_model *m, int E, int steps, size_t dbytes) {
       printf("stream budget %5.2f GB (%3.0f%% of %.2f GB experts), look-ahead %s: %3ld resident, %3ld streamed, %3d slots; "
              "decode %.2f ms/token = %.1f tok/s; hit rate %5.1f%% (%llu hits, %llu misses; %llu look-ahead copies, %llu "
              "used), %.3f GB/token copied = %.0f%% of the step at the measured H2D bandwidth; init %.1f s\n",
-             fr[i] < 0 ? total / 1e9 : m->gpu_expert_gb, fr[i] < 0 ? 100.0 : 100 * fr[i], total / 1e9, !st.streaming ? "n/a" : la ? "on " : "off",
+             fr[i] < 0 ? total / 1e9 : m->gpu_expert_gb, fr[i] < 0 ? 100.0 : 100 * fr[i], total / 1e9,
+             !st.streaming ? "n/a" : la ? "on " : "off",
              st.resident, st.streamed, st.slots, dt * 1e3, 1 / dt, u ? 100.0 * st.hits / u : 100.0, st.hits, st.misses,
              st.prefetches, st.prefetch_hits, gbt, h2d > 0 ? 100.0 * gbt / h2d / dt : 0.0, tinit);
       if (fr[i] < 0) break; /* all resident: nothing streamed */
