@@ -61,6 +61,48 @@ static double decode(glm53_session *s, int steps, const int32_t *tok, float *log
   return (now_sec() - t0) / steps;
 }
 
+/* Decode at context 64 with the L2 prefetch and trigger-order settings
+ * given (gk.h: gk_set_pdl_early, gk_set_gemv_l2pf, gk_set_expert_l2pf) in a
+ * fresh session (its graphs capture the launch parameters), then the
+ * defaults back. */
+typedef struct { const char *what; int early, pfb, last; long xpf; } l2_variant;
+static double decode_variant(glm53_model *m, const l2_variant *v, int steps, const int32_t *tok, float *logits) {
+  gk_set_pdl_early(v->early);
+  gk_set_gemv_l2pf(v->pfb, v->last);
+  gk_set_expert_l2pf(v->xpf);
+  glm53_session *s = glm53_session_new(m, 64 + steps + 16);
+  if (!s) { printf("session: %s\n", glm53_last_error()); exit(1); }
+  run(s, tok, 64, logits);
+  const double dt = decode(s, steps, tok + 64, logits);
+  glm53_session_free(s);
+  gk_set_pdl_early(-1);
+  gk_set_gemv_l2pf(-1, -1);
+  gk_set_expert_l2pf(-1);
+  return dt;
+}
+static void l2_sweep(glm53_model *m, int steps, const int32_t *tok, float *logits, size_t dbytes, double bw) {
+  const long MB = 1L << 20;
+  static const l2_variant vs[] = {
+      {"late trigger, 1-chunk prefetch, no expert prefetch (the defaults)", 0, 0, 1, 0},
+      {"early trigger only", 1, 0, 1, 0},
+      {"GEMV L2 prefetch 4 KB/row only (late trigger)", 0, 4096, 1, 0},
+      {"early + GEMV 2 KB/row", 1, 2048, 1, 0},
+      {"early + GEMV 4 KB/row", 1, 4096, 1, 0},
+      {"early + GEMV 8 KB/row", 1, 8192, 1, 0},
+      {"early + GEMV 4 KB/row without evict-last", 1, 4096, 0, 0},
+      {"early + GEMV 4 KB/row + experts 8 MB", 1, 4096, 1, 8 * MB},
+      {"early + GEMV 4 KB/row + experts 16 MB", 1, 4096, 1, 16 * MB},
+      {"early + GEMV 4 KB/row + experts 32 MB", 1, 4096, 1, 32 * MB},
+      {"early + GEMV 8 KB/row + experts 16 MB", 1, 8192, 1, 16 * MB},
+      {"late trigger, 1-chunk prefetch, no expert prefetch (again: drift)", 0, 0, 1, 0},
+  };
+  for (size_t i = 0; i < sizeof vs / sizeof *vs; i++) {
+    const double dt = decode_variant(m, &vs[i], steps, tok, logits);
+    printf("decode @ctx 64, %s: %.2f ms/token = %.1f tok/s (%.0f%% of copy bw)\n", vs[i].what, dt * 1e3, 1 / dt,
+           100.0 * dbytes / dt / 1e9 / bw);
+  }
+}
+
 /* decode at short context for several routed-expert budgets */
 static int stream_bench(glm53_model *m, int E, int steps, size_t dbytes) {
   double h2d = gk_time_h2d_gbs((size_t)1 << 30, 8);
@@ -184,6 +226,9 @@ int main(int argc, char **argv) {
   glm53_gpu_profile_dump("(warm-up + short-context decode)");
   printf("decode @ctx 64 (%s, %d experts):   %.2f ms/token = %.1f tok/s; weights read %.2f GB/token -> %.0f GB/s (%.0f%% of copy bw)\n",
          mode, E, dt * 1e3, 1 / dt, dbytes / 1e9, dbytes / dt / 1e9, 100.0 * dbytes / dt / 1e9 / bw);
+  printf("L2 prefetch: GEMV %d bytes per row before its wait, experts %.0f MB at routing, PDL trigger %s\n", gk_gemv_l2pf(),
+         gk_expert_l2pf() / 1048576.0, gk_pdl_early() ? "early" : "late");
+  if (gk_pdl_supported()) l2_sweep(m, steps, tok, logits, dbytes, bw);
   if (gk_pdl_supported()) { /* the same without programmatic dependent launch (a fresh session: its own graphs) */
     gk_force_pdl_off(1);
     glm53_session *s2 = glm53_session_new(m, 64 + steps + 16);

@@ -83,15 +83,17 @@ typedef struct {
   size_t bytes;
   gpu_xcache xc; /* routed-expert placement / streaming */
   grun batch;    /* batched decode (glm53_forward_batch) */
+  gpu_pages pages; /* the sessions' MLA latent and indexer cache pages */
 } gmodel;
 
 typedef struct {
   gk_lstate *ls;   /* per layer: KDA conv + recurrent state, MLA latent cache, indexer keys / gates / pooled keys */
   gk_lstate *d_ls; /* the same pointers on the device (the batch tables point here) */
+  gpu_ptab *pt;    /* [layer * GK_ST_N + which]: the paged states' page tables */
   void **allocs;
   int nallocs, cap;
   grun run;
-  int maxpool;
+  int maxpool, pshift;
 } gsession;
 
 static void grun_drop_graphs(grun *R) {
@@ -299,6 +301,12 @@ static void gpu_model_free(glm53_model *m) {
              (unsigned long long)x->uses_resident);
   }
   gk_sync(); /* copies in flight read the host blobs freed below */
+  if (g->pages.bytes > 0) {
+    long used = 0;
+    for (int i = 0; i < g->pages.nclass; i++) used += g->pages.cls[i].used;
+    LOG_INFO("gpu cache pages at model free: %.1f MB in slabs, %ld pages still held by sessions", g->pages.bytes / 1e6, used);
+  }
+  gpu_pages_free(&g->pages);
   gpu_xcache_free(&g->xc);
   grun_free(&g->batch);
   for (int i = 0; i < g->nallocs; i++) gk_free(g->allocs[i]);
@@ -452,6 +460,8 @@ static int gpu_model_init(glm53_model *m) {
   }
   gmodel *g = xcalloc(1, sizeof *g);
   m->backend_model = g;
+  g->pages.alloc = mdev_cb;
+  g->pages.ctx = g;
   double t0 = now_sec();
   if (upload(m, g) || place_experts(m, g)) {
     glm53_err_ctx("gpu weight upload");
@@ -472,6 +482,14 @@ static void *sdev(gsession *s, size_t n) {
 static void gpu_session_free(glm53_session *ss) {
   gsession *s = ss->backend_state;
   if (!s) return;
+  if (s->pt) { /* the pages go back to the model's pool (shared with forwards of other sessions) */
+    gmodel *g = ss->m->backend_model;
+    pthread_mutex_lock(&g_lock);
+    for (int i = 0; i < ss->m->cfg.num_hidden_layers * GK_ST_N; i++)
+      if (s->pt[i].host) gpu_ptab_release(&s->pt[i], &g->pages);
+    pthread_mutex_unlock(&g_lock);
+    free(s->pt);
+  }
   for (int i = 0; i < s->nallocs; i++) gk_free(s->allocs[i]);
   grun_free(&s->run);
   free(s->allocs);
@@ -480,26 +498,37 @@ static void gpu_session_free(glm53_session *ss) {
   ss->backend_state = NULL;
 }
 
+static void *sdev_cb(void *ctx, size_t n) { return sdev(ctx, n); }
+/* the page table of a paged state: rows of `width` floats, up to max_rows */
+static int paged(gsession *s, int l, int which, int width, int max_rows) {
+  gpu_ptab *t = &s->pt[l * GK_ST_N + which];
+  if (gpu_ptab_init(t, ((size_t)width * sizeof(float)) << s->pshift, max_rows, s->pshift, sdev_cb, s)) return -1;
+  s->ls[l].pg[which] = t->dev;
+  s->ls[l].pshift = s->pshift;
+  return 0;
+}
+
 static int gpu_session_init(glm53_session *ss) {
   const glm53_config *c = &ss->m->cfg;
   gsession *s = xcalloc(1, sizeof *s);
   ss->backend_state = s;
   s->ls = xcalloc((size_t)c->num_hidden_layers, sizeof(gk_lstate));
+  s->pt = xcalloc((size_t)c->num_hidden_layers * GK_ST_N, sizeof(gpu_ptab));
   s->maxpool = ss->max_ctx / c->index_kpool + 1;
-  size_t inner = (size_t)c->linear_num_heads * c->linear_head_dim, hd = c->index_head_dim;
+  s->pshift = gpu_page_shift();
+  size_t inner = (size_t)c->linear_num_heads * c->linear_head_dim;
+  const int hd = c->index_head_dim;
   int bad = 0;
   for (int l = 0; l < c->num_hidden_layers && !bad; l++) {
     float **st = s->ls[l].p;
     if (c->layer_types[l] == ATTN_KDA) {
       bad |= !(st[GK_ST_CONV] = sdev(s, (size_t)(c->linear_conv_kernel_dim - 1) * 3 * inner * sizeof(float) + 4));
       bad |= !(st[GK_ST_S] = sdev(s, inner * c->linear_head_dim * sizeof(float)));
-    } else {
-      bad |= !(st[GK_ST_LATENT] = sdev(s, (size_t)ss->max_ctx * c->kv_lora_rank * sizeof(float)));
-      if (c->indexer_types[l] == INDEX_FULL) {
-        bad |= !(st[GK_ST_IK] = sdev(s, (size_t)ss->max_ctx * hd * sizeof(float)));
-        bad |= !(st[GK_ST_IS] = sdev(s, (size_t)ss->max_ctx * hd * sizeof(float)));
-        bad |= !(st[GK_ST_POOL] = sdev(s, (size_t)s->maxpool * hd * sizeof(float)));
-      }
+    } else { /* paged: pages come with the rows (session_pages) */
+      bad |= paged(s, l, GK_ST_LATENT, c->kv_lora_rank, ss->max_ctx) != 0;
+      if (c->indexer_types[l] == INDEX_FULL)
+        bad |= paged(s, l, GK_ST_IK, hd, ss->max_ctx) || paged(s, l, GK_ST_IS, hd, ss->max_ctx) ||
+               paged(s, l, GK_ST_POOL, hd, s->maxpool);
     }
   }
   if (!bad) {
@@ -523,6 +552,27 @@ static void gpu_session_reset(glm53_session *ss) {
       gk_memset(s->ls[l].p[GK_ST_CONV], 0, (size_t)(c->linear_conv_kernel_dim - 1) * 3 * inner * sizeof(float));
       gk_memset(s->ls[l].p[GK_ST_S], 0, inner * c->linear_head_dim * sizeof(float));
     }
+}
+
+/* Pages for the first `rows` positions of every paged state of a session
+ * (pooled keys: the pools they complete), before a forward writes them;
+ * g_lock held (the pool is the model's). */
+static int session_pages(glm53_session *ss, int rows) {
+  gsession *s = ss->backend_state;
+  gmodel *g = ss->m->backend_model;
+  const glm53_config *c = &ss->m->cfg;
+  for (int i = 0; i < c->num_hidden_layers * GK_ST_N; i++) {
+    gpu_ptab *t = &s->pt[i];
+    if (!t->host) continue;
+    const int need = i % GK_ST_N == GK_ST_POOL ? rows / c->index_kpool + 1 : rows;
+    if (gpu_ptab_grow(t, &g->pages, need, s->pshift)) {
+      char why[256];
+      snprintf(why, sizeof why, "%s", glm53_last_error());
+      return glm53_err("gpu: no device memory for the latent / indexer caches of %d positions (%.1f MB of pages in use): %s",
+                       rows, g->pages.bytes / 1e6, why);
+    }
+  }
+  return 0;
 }
 
 /* ---------------- activations arena ---------------- */
@@ -650,7 +700,6 @@ static int kda_dev(const glm53_config *c, const gkda *w, const gk_batch *b, acts
  * a single-sequence forward (NULL / unused for batches), for the GEMM forms */
 static int mla_dev(const glm53_config *c, const gmla *w, const gk_batch *b, acts *A, int T, int maxpool, int chunk, int ns,
                    const gk_lstate *hl, int pos0) {
-  const float *hlat = hl ? hl->p[GK_ST_LATENT] : NULL;
   const int gemm = hl && T >= gk_gemm_min();
   const int *dpos = (const int *)((const char *)b->seg + offsetof(gk_seg, pos0)); /* segment 0's pos0 on the device */
   const int D = c->hidden_size, H = c->num_attention_heads, nope = c->qk_nope_head_dim, vd = c->v_head_dim;
@@ -678,9 +727,13 @@ static int mla_dev(const glm53_config *c, const gmla *w, const gk_batch *b, acts
     TRY(gk_store_at(b, GK_ST_IK, hd, A->kk, T, hd));
     TRY(gk_store_at(b, GK_ST_IS, hd, A->kg, T, hd));
     TRY(gk_pool_keys(b, w->ape, P, hd));
-    int irc = 1; /* long chunks of one sequence: every pool's scores in one GEMM */
-    if (gemm && mla_gemm_on()) TRY((irc = gk_indexer_scores_gemm(A->iq, A->iw, hl->p[GK_ST_POOL], T, dpos, pos0, P, nh, hd, K,
-                                                                 maxpool, A->score)) < 0);
+    int irc = 1; /* long chunks of one sequence: every pool's scores in one GEMM over the pooled keys made contiguous */
+    if (gemm && mla_gemm_on()) {
+      const int npool = (pos0 + T) / P;
+      const float *pool = npool > K ? gk_pages_linear(1, hl->pg[GK_ST_POOL], hl->pshift, npool, hd) : NULL;
+      TRY(npool > K && !pool);
+      TRY((irc = gk_indexer_scores_gemm(A->iq, A->iw, pool, T, dpos, pos0, P, nh, hd, K, maxpool, A->score)) < 0);
+    }
     if (irc) TRY(gk_indexer_scores(A->iq, A->iw, b, T, P, nh, hd, K, maxpool, A->score));
     TRY(gk_select(A->score, b, T, P, K, maxpool, c->index_kpool_always_select_tail, A->dense, A->npools, A->tail, A->pools));
     pr_mark(PR_IDX);
@@ -690,9 +743,11 @@ static int mla_dev(const glm53_config *c, const gmla *w, const gk_batch *b, acts
    * bound only, so every decode step launches the same grid. */
   TRY(gk_matmul_heads(w->heads.uk_h, w->heads.uk_d, H, A->q, T, nope, A->qt, kl));
   const float scale = (float)(1.0 / sqrt((double)(nope + c->qk_rope_head_dim)));
-  int rc = 1; /* long chunks of one sequence: the heads share the selected rows, through cuBLAS */
+  int rc = 1; /* long chunks of one sequence: the heads share the selected rows (made contiguous), through cuBLAS */
   if (gemm && mla_gemm_on()) {
-    rc = gk_mla_attn_gemm(A->qt, hlat, A->dense, A->npools, A->tail, A->pools, T, dpos, pos0, H, kl, P, K, scale, A->ob);
+    const float *lat = gk_pages_linear(0, hl->pg[GK_ST_LATENT], hl->pshift, pos0 + T, kl);
+    TRY(!lat);
+    rc = gk_mla_attn_gemm(A->qt, lat, A->dense, A->npools, A->tail, A->pools, T, dpos, pos0, H, kl, P, K, scale, A->ob);
     TRY(rc < 0);
   }
   if (rc) TRY(gk_mla_attn(A->qt, b, A->dense, A->npools, A->tail, A->pools, T, H, kl, P, K, scale, chunk, ns, A->apart, A->ob));
@@ -824,8 +879,11 @@ static int moe_dev(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
   const gk_prod p[] = {{.W = &G->router, .y = A->logits, .ldy = E},
                        {.W = &G->shared.gate, .y = A->sg, .ldy = Is, .W2 = &G->shared.up, .u = A->su, .limit = lim}};
   TRY(gk_matmul_multi(p, 2, A->y, T, D));
-  TRY(gk_moe_route(A->logits, G->bias, T, E, k, c->n_group, c->topk_group, c->norm_topk_prob, c->routed_scaling_factor,
-                   A->idx, A->wt));
+  /* decode: the route launch also prefetches the selected experts into L2
+   * (every expert of this layer is resident here): they arrive while the
+   * shared expert's down product and the grouping run */
+  TRY(gk_moe_route_pf(A->logits, G->bias, T, E, k, c->n_group, c->topk_group, c->norm_topk_prob,
+                      c->routed_scaling_factor, A->idx, A->wt, T < gk_gemm_min() ? G->d_exp : NULL));
   TRY(gk_matmul(&G->shared.down, A->sg, T, Is, A->a, D));
   if (T < gk_gemm_min()) { /* decode: pairs grouped per expert on the device, each expert's weights read once */
     TRY(gk_expert_group(A->idx, np, E, A->grp));
@@ -1041,7 +1099,12 @@ static int forward_locked(glm53_session *ss, const int32_t *tokens, int T, float
 
 static int gpu_forward(glm53_session *ss, const int32_t *tokens, int T, float *logits, int all_rows) {
   pthread_mutex_lock(&g_lock);
-  int rc = forward_locked(ss, tokens, T, logits, all_rows);
+  int rc = session_pages(ss, ss->pos + T);
+  if (rc) {
+    pthread_mutex_unlock(&g_lock);
+    return -1;
+  }
+  rc = forward_locked(ss, tokens, T, logits, all_rows);
   pthread_mutex_unlock(&g_lock);
   if (rc) return glm53_err("gpu backend error: %s", gk_error());
   return 0;
@@ -1061,6 +1124,12 @@ static int gpu_forward_batch(glm53_session **ss, const int32_t *tokens, int n, f
     if (s->maxpool > mp) mp = s->maxpool;
   }
   pthread_mutex_lock(&g_lock);
+  for (int i = 0; i < n; i++)
+    if (session_pages(ss[i], ss[i]->pos + 1)) {
+      pthread_mutex_unlock(&g_lock);
+      free(seg);
+      return -1;
+    }
   int rc = run_forward(m, &g->batch, seg, n, 1, tokens, n, n, logits, ctx, mp, NULL);
   pthread_mutex_unlock(&g_lock);
   free(seg);

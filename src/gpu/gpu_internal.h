@@ -26,6 +26,49 @@ int gpu_build_mla_heads(const wmat *w, const gpu_mat *dkvb, int H, int nope, int
  * and the number of parts (a function of max_ctx, never of positions) */
 int gpu_mla_split(int T, int max_ctx, int K, int P, int kl, int *chunk);
 
+/* ---- paged MLA latent / indexer caches (gpu_pages.c) ----
+ * A model-wide pool of fixed-size device pages per page size (class),
+ * grown by slabs, and per (session, layer, state) page tables: host copy
+ * and the device table the kernels read (gk.h gk_lstate.pg). */
+#define GPU_PAGE_CLASSES 4
+typedef struct {
+  size_t bytes;  /* one page */
+  void **free;   /* pages not held by any session */
+  int nfree, cap;
+  long total, used;
+} gpu_page_class;
+typedef struct {
+  gpu_page_class cls[GPU_PAGE_CLASSES];
+  int nclass;
+  double bytes;                        /* device memory in slabs */
+  void *(*alloc)(void *ctx, size_t n); /* slab allocations (the model's, freed with it) */
+  void *ctx;
+} gpu_pages;
+typedef struct {
+  void **host;  /* page pointers [cap] (n held) */
+  void *dev;    /* the same on the device [cap] */
+  int n, cap;
+  size_t page_bytes;
+} gpu_ptab;
+/* log2 of the rows per page: $GLM53_GPU_PAGE_TOKENS rounded down to a
+ * power of two (default 256) */
+int gpu_page_shift(void);
+/* a table for up to max_rows rows, nothing held (dev via alloc) */
+int gpu_ptab_init(gpu_ptab *t, size_t page_bytes, int max_rows, int pshift, void *(*alloc)(void *ctx, size_t n), void *ctx);
+/* pages for rows [0, rows) (at most the table's capacity); -1 when the
+ * device memory for them is missing (the pages it got are kept) */
+int gpu_ptab_grow(gpu_ptab *t, gpu_pages *pp, int rows, int pshift);
+/* the pages back to the pool; the host table freed */
+void gpu_ptab_release(gpu_ptab *t, gpu_pages *pp);
+void gpu_pages_free(gpu_pages *pp);
+/* Tests and the startup validation: a page table over rows [0, rows) of
+ * `stride` floats, 2^pshift rows a page, the pages in reverse order in
+ * one buffer (*buf, from alloc), holding host's rows (NULL: zeros);
+ * returns the device table, NULL on failure. _read copies the rows back. */
+void *gpu_pages_make(const float *host, int rows, int stride, int pshift, void *(*alloc)(void *ctx, size_t n), void *ctx,
+                     float **buf);
+int gpu_pages_read(float *host, const float *buf, int rows, int stride, int pshift);
+
 /* ---- routed-expert placement and streaming (gpu_experts.c) ----
  * Experts that do not fit the VRAM budget stay in (pinned) host memory as
  * one blob each (gate, up, down data + scales) and are copied on demand by

@@ -245,7 +245,7 @@ static void check_kda(srng *r, gpu_check *out, int max, int *k) {
   float *dow = dput(&d, ow, hd * 4), *dS = dput(&d, St, (size_t)H * hd * hd * 4), *dO = dput(&d, NULL, (size_t)T * inner * 4);
   float *gcs = xmalloc((size_t)(K - 1) * ch * 4);
   double e1 = INFINITY, e2 = INFINITY, e3 = INFINITY;
-  gk_lstate ls = {{0}};
+  gk_lstate ls = {0};
   ls.p[GK_ST_CONV] = dcs;
   ls.p[GK_ST_S] = dS;
   gk_batch b = one_seg(&d, &ls, T, 0);
@@ -285,22 +285,28 @@ static void check_indexer(srng *r, gpu_check *out, int max, int *k) {
       pool[p * hd + i] = (float)acc;
     }
   dpool d = {0};
-  float *dik = dput(&d, ik, (size_t)ctx * hd * 4), *dis = dput(&d, is, (size_t)ctx * hd * 4), *dape = dput(&d, ape, P * hd * 4);
-  float *dpool_ = dput(&d, NULL, (size_t)maxpool * hd * 4), *dq = dput(&d, q, (size_t)T * nh * hd * 4), *dw = dput(&d, w, T * nh * 4);
+  /* the keys, gate logits and pooled keys paged, 8 rows a page, pages in
+   * reverse order (gpu_pages_make) */
+  float *bik, *bis, *bpool;
+  void *tik = gpu_pages_make(ik, ctx, hd, 3, dalloc_cb, &d, &bik), *tis = gpu_pages_make(is, ctx, hd, 3, dalloc_cb, &d, &bis);
+  void *tpool = gpu_pages_make(NULL, maxpool, hd, 3, dalloc_cb, &d, &bpool);
+  d.bad |= !tik || !tis || !tpool;
+  float *dape = dput(&d, ape, P * hd * 4), *dq = dput(&d, q, (size_t)T * nh * hd * 4), *dw = dput(&d, w, T * nh * 4);
   float *dsc = dput(&d, NULL, (size_t)T * maxpool * 4);
   int *dden = dput(&d, NULL, T * 4), *dnp = dput(&d, NULL, T * 4), *dtail = dput(&d, NULL, T * 4), *dpl = dput(&d, NULL, T * K * 4);
   float *gpool = xmalloc((size_t)maxpool * hd * 4);
   int gden[8], gnp[8], gtail[8], gpl[8 * 4];
   double e1 = INFINITY, e2 = INFINITY, mism = 1;
   /* two chunks: pools closed before pos0, then the chunk's own */
-  gk_lstate ls = {{0}};
-  ls.p[GK_ST_IK] = dik;
-  ls.p[GK_ST_IS] = dis;
-  ls.p[GK_ST_POOL] = dpool_;
+  gk_lstate ls = {0};
+  ls.pg[GK_ST_IK] = tik;
+  ls.pg[GK_ST_IS] = tis;
+  ls.pg[GK_ST_POOL] = tpool;
+  ls.pshift = 3;
   gk_batch b0 = one_seg(&d, &ls, pos0, 0), b1 = one_seg(&d, &ls, T, pos0);
   if (!d.bad && !gk_pool_keys(&b0, dape, P, hd) && !gk_pool_keys(&b1, dape, P, hd) &&
       !gk_indexer_scores(dq, dw, &b1, T, P, nh, hd, K, maxpool, dsc) &&
-      !gk_select(dsc, &b1, T, P, K, maxpool, 1, dden, dnp, dtail, dpl) && !gk_d2h(gpool, dpool_, (size_t)(ctx / P) * hd * 4) &&
+      !gk_select(dsc, &b1, T, P, K, maxpool, 1, dden, dnp, dtail, dpl) && !gpu_pages_read(gpool, bpool, ctx / P, hd, 3) &&
       !gk_d2h(gscore, dsc, (size_t)T * maxpool * 4) && !gk_d2h(gden, dden, T * 4) && !gk_d2h(gnp, dnp, T * 4) &&
       !gk_d2h(gtail, dtail, T * 4) && !gk_d2h(gpl, dpl, T * K * 4)) {
     e1 = relerr(gpool, pool, (size_t)(ctx / P) * hd);
@@ -381,12 +387,15 @@ static void check_attn(srng *r, gpu_check *out, int max, int *k) {
   gpu_mat g = dev_mat(&d, &kvb);
   gpu_mla_heads hs;
   int hrc = gpu_build_mla_heads(&kvb, &g, H, nope, vd, dalloc_cb, &d, &hs);
-  float *dq = dput(&d, q, (size_t)T * H * nope * 4), *dl = dput(&d, lat, (size_t)ctx * kl * 4), *dO = dput(&d, NULL, (size_t)T * H * vd * 4);
+  float *bl, *dq = dput(&d, q, (size_t)T * H * nope * 4), *dO = dput(&d, NULL, (size_t)T * H * vd * 4);
+  void *tl = gpu_pages_make(lat, ctx, kl, 2, dalloc_cb, &d, &bl); /* 4 rows a page, reverse order */
+  d.bad |= !tl;
   float *dqt = dput(&d, NULL, (size_t)T * H * kl * 4), *dob = dput(&d, NULL, (size_t)T * H * kl * 4);
   float *dpart = dput(&d, NULL, (size_t)T * H * 8 * (kl + 2) * 4);
   int *dd = dput(&d, dense, 8), *dn = dput(&d, np, 8), *dt = dput(&d, tail, 8), *dp = dput(&d, pools, sizeof pools);
-  gk_lstate ls = {{0}};
-  ls.p[GK_ST_LATENT] = dl;
+  gk_lstate ls = {0};
+  ls.pg[GK_ST_LATENT] = tl;
+  ls.pshift = 2;
   gk_batch b = one_seg(&d, &ls, T, pos0);
   /* one block per (t, h); parts of 4 rows merged (8 parts cover the
    * selections: 31 rows dense, 14 sparse); 3 parts, whose size (12 and 8

@@ -12,7 +12,9 @@
  * on the fixture model in the dense and sparse indexer regimes, with a
  * shared-indexer layer, kpool 1/2/4, a config whose selections exceed one
  * flash-decoding split (contexts of different sizes in one batch), and
- * models/tiny; streamed experts (nothing resident) equal to resident ones;
+ * models/tiny (all but the first fixture with 16-token cache pages, so
+ * the sessions' pages interleave in the pool); streamed experts (nothing
+ * resident) equal to resident ones;
  * an injected fault in a batch leaves every position unchanged, and
  * glm53_session_fallback_cpu continues each session bitwise like a pure CPU
  * run. No device: SKIP. */
@@ -235,6 +237,7 @@ int main(void) {
   unsetenv("GLM53_GPU_EXPERT_GB");
   gk_set_gemm_min(0);
   check_fixture(64, 4, 0, 1, 60);  /* dense regime */
+  setenv("GLM53_GPU_PAGE_TOKENS", "16", 1); /* from here, sessions' cache pages of 16 tokens (default 256) */
   check_fixture(8, 4, 0, 2, 45);   /* sparse selection */
   check_fixture(8, 2, 1, 3, 45);   /* sparse, shared indexer layer, kpool 2 */
   check_fixture(4, 1, 0, 4, 30);   /* kpool 1 */

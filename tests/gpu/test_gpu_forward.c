@@ -7,7 +7,9 @@
  *    for long chunks (GLM53_GPU_GEMM_MIN default) within 2e-4, and with the
  *    GEMV path everywhere bit for bit;
  *  - two GPU runs bitwise identical, and identical with programmatic
- *    dependent launch off (one prefill; every token a decode step);
+ *    dependent launch off, and with its early trigger order and the L2
+ *    prefetches (one prefill; every token a decode step);
+ *  - the latent / indexer caches in 8-token pages (all but the first model);
  *  - a GPU fault (GLM53_FAULT) mid-decode, glm53_session_fallback_cpu, and
  *    the session continues on the CPU with logits identical to a pure CPU run.
  * No device: SKIP. */
@@ -46,7 +48,11 @@ static void check_model(int topk, int kpool, int shared, uint64_t seed) {
       else CHECK(d <= 2e-4f, "pattern %zu: prefill/decode differ by %g", p, d);
     }
     /* programmatic dependent launch changes when kernels start, never the
-     * bits: one prefill and the all-decode pattern (graph replays) without it */
+     * bits: one prefill and the all-decode pattern (graph replays) without
+     * it, with it (the defaults: late trigger, no L2 prefetch) and with the
+     * early trigger and the L2 prefetches (GEMV 4 KB per row, experts 16
+     * MB): a kernel reading before its wait, or finishing before its
+     * predecessors, would show here */
     if (gk_pdl_supported()) {
       gk_force_pdl_off(1);
       for (int q = 0; q < 2; q++) {
@@ -54,12 +60,22 @@ static void check_model(int topk, int kpool, int shared, uint64_t seed) {
         fx_run_chunks(m, tok, n, q ? patterns[0] : (int[]){n, 0}, other);
         gk_force_pdl_off(0);
         fx_run_chunks(m, tok, n, q ? patterns[0] : (int[]){n, 0}, full);
-        gk_force_pdl_off(1);
         CHECK(memcmp(alt, other, (size_t)n * V * 4) == 0 && memcmp(full, other, (size_t)n * V * 4) == 0,
               "mode %d %s: logits with and without PDL differ", mode, q ? "decode" : "prefill");
+        gk_set_pdl_early(1);
+        gk_set_gemv_l2pf(4096, 1);
+        gk_set_expert_l2pf(16L << 20);
+        fx_run_chunks(m, tok, n, q ? patterns[0] : (int[]){n, 0}, alt);
+        gk_set_pdl_early(-1);
+        gk_set_gemv_l2pf(-1, -1);
+        gk_set_expert_l2pf(-1);
+        CHECK(memcmp(alt, other, (size_t)n * V * 4) == 0, "mode %d %s: logits with the early PDL trigger and L2 prefetches differ", mode,
+              q ? "decode" : "prefill");
+        gk_force_pdl_off(1);
       }
       gk_force_pdl_off(0);
-      printf("topk=%d kpool=%d %s: PDL on/off bitwise identical\n", topk, kpool, mode ? "gemv" : "cublas");
+      printf("topk=%d kpool=%d %s: PDL off / on (late trigger) / on (early trigger, L2 prefetches) bitwise identical\n", topk,
+             kpool, mode ? "gemv" : "cublas");
     } else {
       printf("PDL not supported on this device/build: on/off comparison skipped\n");
     }
@@ -109,6 +125,10 @@ static void check_fallback(void) {
 int main(void) {
   if (gpu_test_skip()) return 0;
   check_model(64, 4, 0, 1); /* dense regime */
+  /* the rest with 8-token cache pages (the default 256 holds these
+   * contexts in one page): rows cross pages everywhere, and a layer's
+   * pages interleave with the other layers' in the pool */
+  setenv("GLM53_GPU_PAGE_TOKENS", "8", 1);
   check_model(8, 4, 0, 2);  /* sparse */
   check_model(8, 2, 1, 3);  /* sparse, shared indexer layer */
   check_model(4, 1, 0, 4);  /* kpool 1 */

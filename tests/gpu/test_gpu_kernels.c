@@ -26,6 +26,7 @@
  * No device: SKIP. */
 #include "gpu_test.h"
 #include "gpu/kernels/gk.h"
+#include "gpu/gpu_internal.h"
 #include "model/wmat.h"
 #include "model/layers.h"
 #include "model/ops.h"
@@ -206,6 +207,11 @@ static void *dcopy(const void *h, size_t n) {
   void *d = gk_malloc(n);
   if (d) gk_h2d(d, h, n);
   return d;
+}
+/* allocation callback for gpu_pages_make (the test frees what it gets) */
+static void *talloc(void *ctx, size_t n) {
+  (void)ctx;
+  return gk_malloc(n);
 }
 /* n uniform values in [lo, hi] on the device (and on the host if asked) */
 static float *dvec(size_t n, float lo, float hi, float **host) {
@@ -783,8 +789,14 @@ static void idx_gemm_case(int nh, int hd, int P, int K, int pos0, int T) {
       ref[(size_t)t * maxpool + p] = (float)acc; /* unscored entries stay 0 (the memset below) */
     }
   }
-  gk_lstate ls = {{0}};
-  ls.p[GK_ST_POOL] = dp;
+  /* the kernel form reads the pooled keys through a page table: 4 pools a
+   * page, the pages in reverse order */
+  float *pbuf = NULL;
+  void *ptab = gpu_pages_make(hp, npool, hd, 2, talloc, NULL, &pbuf);
+  CHECK(ptab != NULL, "paged pool keys: %s", gk_error());
+  gk_lstate ls = {0};
+  ls.pg[GK_ST_POOL] = ptab;
+  ls.pshift = 2;
   gk_lstate *dls = dcopy(&ls, sizeof ls);
   gk_seg seg = {.ls = dls, .t0 = 0, .len = T, .pos0 = pos0};
   gk_seg *dseg = dcopy(&seg, sizeof seg);
@@ -807,6 +819,7 @@ static void idx_gemm_case(int nh, int hd, int P, int K, int pos0, int T) {
   }
   free(hq); free(hw); free(hp); free(ref); free(got);
   gk_free(dq); gk_free(dw); gk_free(dp); gk_free(dls); gk_free(dseg); gk_free(tseg); gk_free(dpos); gk_free(dsc);
+  gk_free(pbuf); gk_free(ptab);
 }
 
 /* gk_mla_attn_gemm on selections of one sequence (the cache prefix while

@@ -126,6 +126,27 @@ int gk_experts_grouped(const gpu_mat *d_wset, int which, int gu, float limit, in
 int gk_pdl_supported(void);
 void gk_set_pdl(int on);
 void gk_force_pdl_off(int off); /* tests / bench: 1 keeps PDL off whatever gk_set_pdl says */
+/* PDL trigger order (gk_common.cuh): early (1: a kernel lets its
+ * dependents launch before it waits, so runs of small kernels and the
+ * product after them are resident at once) or late (0, the default: wait,
+ * then trigger); -1: GLM53_GPU_PDL_EARLY (1: early). Bits do not depend on
+ * it. Takes effect for the next launches and graph replays. */
+int gk_set_pdl_early(int on);
+int gk_pdl_early(void);
+/* L2 prefetch of the decode GEMV (gk_gemv.cu): before its PDL wait each
+ * warp prefetches the first `bytes` of each of its rows' slices into L2
+ * (one bulk prefetch per row, evict-last when `last`), so weights stream
+ * while the small kernels before it run; 0: the former prefetch of one
+ * chunk per lane; -1: GLM53_GPU_GEMV_L2PF (bytes, default 0) and
+ * GLM53_GPU_L2PF_LAST (default 1). Bits do not depend on it. */
+void gk_set_gemv_l2pf(int bytes, int last);
+int gk_gemv_l2pf(void);
+/* The routed experts' L2 prefetch at decode (gk_moe_route_pf): bytes of
+ * the selected experts' gate and up matrices, lowest expert id first (the
+ * order the grouped expert launch reads them); -1: GLM53_GPU_EXPERT_L2PF_MB
+ * (MB, default 0). */
+void gk_set_expert_l2pf(long bytes);
+long gk_expert_l2pf(void);
 
 /* Per-head products: for each token t and head h, y[t][h] (ldy_head apart,
  * rows of W_h) = W_h x[t][h] (ldx_head apart). h_mats / d_mats: the H
@@ -171,7 +192,24 @@ int gk_final_norm(const float *X, const float *w, int first, int T, int hc, int 
  * with the tokens, one copy per forward), so a launch does not depend on
  * positions or on which sessions are batched (CUDA graph replay). */
 enum { GK_ST_CONV, GK_ST_S, GK_ST_LATENT, GK_ST_IK, GK_ST_IS, GK_ST_POOL, GK_ST_N };
-typedef struct { float *p[GK_ST_N]; } gk_lstate; /* one layer of one sequence (NULL where the layer has none) */
+/* One layer of one sequence (NULL where the layer has none). The KDA
+ * states are dense (p[GK_ST_CONV], p[GK_ST_S]: fixed size). The MLA latent
+ * cache and the indexer's keys, gate logits (rows = positions) and pooled
+ * keys (rows = pools) are paged: pg[which] is a device table of page
+ * pointers, row r at pg[which][r >> pshift] + (r & (2^pshift - 1)) *
+ * stride, so a sequence holds pages for the rows it has, not for its whole
+ * context (glm53_gpu.c allocates them from a pool shared by the model's
+ * sessions). */
+typedef struct {
+  float *p[GK_ST_N];
+  float *const *pg[GK_ST_N];
+  int pshift, pad_;
+} gk_lstate;
+/* rows [0, rows) of a paged state (table: device page pointers, 2^pshift
+ * rows of `stride` floats each) copied into one contiguous grow-only
+ * buffer, returned (NULL: gk_error), for the cuBLAS forms that read the
+ * latent cache or the pooled keys as a matrix; slot 0 or 1 (two buffers) */
+float *gk_pages_linear(int slot, float *const *table, int pshift, int rows, int stride);
 typedef struct {
   const gk_lstate *ls; /* device array [layers] */
   int t0, len, pos0, pad_;
@@ -268,6 +306,11 @@ double gk_mla_math_tol(int mode);
 /* ---- MoE ---- */
 int gk_moe_route(const float *logits, const float *bias, int T, int E, int k, int G, int topk_group, int norm,
                  float scaling, int *idx, float *wt);
+/* the same, and with wset (the layer's device [E][3] expert matrices, all
+ * resident) the selected experts' gate and up weights prefetched into L2
+ * (gk_set_expert_l2pf) for single-token launches; wset NULL: gk_moe_route */
+int gk_moe_route_pf(const float *logits, const float *bias, int T, int E, int k, int G, int topk_group, int norm,
+                    float scaling, int *idx, float *wt, const gpu_mat *wset);
 int gk_moe_combine(float *out, const float *eo, const int *idx, const float *wt, int T, int k, int D);
 int gk_gather_rows(float *dst, const float *src, const int *rows, int n, int D);
 int gk_scatter_rows(float *dst, const float *src, const int *rows, int n, int D);

@@ -56,9 +56,55 @@ void gk_dequant_bf16(const gpu_mat *W, __nv_bfloat16 *out);
 #define GK_PDL_WAIT() do { } while (0)
 #define GK_PDL_LAUNCH() do { } while (0)
 #endif
-/* wait for the previous kernel, then let the next one be scheduled */
-#define GK_PDL_BEGIN() do { GK_PDL_WAIT(); GK_PDL_LAUNCH(); } while (0)
+/* Trigger order. Early (opt-in until measured on the device:
+ * GLM53_GPU_PDL_EARLY=1, gk_set_pdl_early(1)): let the next kernel be scheduled,
+ * then wait for the previous one. A kernel's dependents launch once all its
+ * blocks have started, so a run of small kernels and the product after it
+ * are all resident early and the product's pre-wait weight prefetch
+ * (gv_rows) overlaps the whole run instead of its last kernel only. Safe
+ * because every kernel waits before it touches activations and none
+ * completes before its wait returns, so "the previous grid completed"
+ * still means every earlier one did. Late (the default): wait, then
+ * trigger. A __constant__ flag per translation unit (no relocatable device
+ * code), each registered at static initialisation and set together. */
+static __constant__ int gk_pdl_late_c = 1;
+#define GK_PDL_BEGIN()                                                                                                 \
+  do {                                                                                                                 \
+    if (gk_pdl_late_c) { GK_PDL_WAIT(); GK_PDL_LAUNCH(); }                                                              \
+    else { GK_PDL_LAUNCH(); GK_PDL_WAIT(); }                                                                           \
+  } while (0)
+typedef int (*gk_pdl_order_fn)(int late);
+int gk_pdl_order_register(gk_pdl_order_fn f); /* gk_gemm.cu */
+static int gk_pdl_order_set_tu(int late) {
+#if GK_HIP
+  (void)late; /* no PDL on HIP: the order does not matter */
+  return 0;
+#else
+  return cudaMemcpyToSymbol(gk_pdl_late_c, &late, sizeof late) == cudaSuccess ? 0 : -1;
+#endif
+}
+static const int gk_pdl_order_reg __attribute__((unused)) = gk_pdl_order_register(gk_pdl_order_set_tu);
 int gk_pdl_on(void);
+
+/* Asynchronous prefetch of [p, p + n) into L2 (n a multiple of 16, p
+ * 16-byte aligned; sm_90 bulk prefetch, one instruction for the range),
+ * with the evict-last priority when last is set so that the weights it
+ * brings in outlive the streaming reads of the product still running. A
+ * no-op below sm_90 and on HIP. */
+__device__ __forceinline__ void gk_l2_prefetch(const void *p, unsigned n, bool last) {
+#if !GK_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (!n) return;
+  if (last) {
+    uint64_t pol;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+    asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(p), "r"(n), "l"(pol) : "memory");
+  } else {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(n) : "memory");
+  }
+#else
+  (void)p; (void)n; (void)last;
+#endif
+}
 void gk_launch_failed(cudaError_t e); /* kept for the next gk_check */
 #if !GK_HIP
 template <typename... KArgs, typename... Args>
@@ -199,6 +245,11 @@ __device__ __forceinline__ float swiglu1(float a, float b, float limit) {
     b = fminf(fmaxf(b, -limit), limit);
   }
   return a / (1.0f + expf(-a)) * b;
+}
+
+/* row `row` of the paged state `which` (gk.h gk_lstate) */
+__device__ __forceinline__ float *gk_prow(const gk_lstate &st, int which, int row, int stride) {
+  return st.pg[which][row >> st.pshift] + (size_t)(row & ((1 << st.pshift) - 1)) * stride;
 }
 
 /* A query's DSA selection as select_k writes it (dense flag isd, np pools

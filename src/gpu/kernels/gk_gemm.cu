@@ -44,6 +44,7 @@ extern "C" int gk_init(gk_devinfo *info) {
 #endif
   GK_TRY(cudaMemGetInfo(&info->mem_free, &info->mem_total));
   pdl_detect(&p);
+  if (gk_set_pdl_early(-1)) return -1;
 #if GK_HAVE_BLAS
   if (!g_blas_ok) {
     if (cublasCreate(&g_blas) != CUBLAS_STATUS_SUCCESS) return gk_fail("cuBLAS initialisation failed");
@@ -95,6 +96,23 @@ int gk_pdl_on(void) {
 extern "C" void gk_set_pdl(int on) { g_pdl_allow = on != 0; }
 extern "C" void gk_force_pdl_off(int off) { g_pdl_forced_off = off != 0; }
 extern "C" int gk_pdl_supported(void) { return g_pdl_cap; }
+/* the trigger order of every translation unit's kernels (gk_common.cuh):
+ * each registers its flag's setter at static initialisation */
+#define PDL_TU_MAX 32
+static gk_pdl_order_fn g_pdl_tu[PDL_TU_MAX];
+static int g_pdl_ntu, g_pdl_early = 0;
+int gk_pdl_order_register(gk_pdl_order_fn f) {
+  if (g_pdl_ntu < PDL_TU_MAX) g_pdl_tu[g_pdl_ntu++] = f;
+  return g_pdl_ntu;
+}
+extern "C" int gk_set_pdl_early(int on) {
+  if (on < 0) on = getenv("GLM53_GPU_PDL_EARLY") && !strcmp(getenv("GLM53_GPU_PDL_EARLY"), "1");
+  g_pdl_early = on != 0;
+  for (int i = 0; i < g_pdl_ntu; i++)
+    if (g_pdl_tu[i](!g_pdl_early)) return gk_fail("setting the PDL trigger order failed");
+  return 0;
+}
+extern "C" int gk_pdl_early(void) { return g_pdl_early; }
 __global__ void pdl_probe_k(void) {}
 static void pdl_detect(const cudaDeviceProp *p) {
 #if !GK_HIP

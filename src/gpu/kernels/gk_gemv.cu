@@ -248,6 +248,29 @@ __device__ __forceinline__ void gv_stage(const float *const *xt, int kb0, int nc
 static inline size_t gv_xs_bytes(int fmt, int ntk, int ncb) { return (size_t)ntk * (fmt == GF_Q4 ? 8 : 4) * (ncb | 1) * 16; }
 #define GV_XS_MAX (48 * 1024) /* no opt-in: at most the default dynamic shared memory */
 
+/* PFB (WAIT only): the L2 prefetch before the wait, bytes per row (a
+ * multiple of 16) | 1 for the evict-last priority (gk_set_gemv_l2pf); 0:
+ * one chunk per lane (plain schedule only). Lane r prefetches row r's
+ * slice from its start, lane 16 + r its scales: the bytes this warp reads
+ * first. */
+template <int FMT, int RW>
+__device__ __forceinline__ void gv_l2pf(const gpu_mat &W, const gv_rowp<RW> &rp, int gsh, int cb, int ce, int pfb) {
+  constexpr int E = gv_fmt<FMT>::E;
+  const int lane = threadIdx.x & 31;
+  const unsigned nch = min((unsigned)(ce - cb), (unsigned)pfb >> 4);
+  if (ce <= cb || !nch) return;
+#pragma unroll
+  for (int r = 0; r < RW; r++) {
+    if (lane == r) gk_l2_prefetch(rp.w[r] + (size_t)cb * 16, nch * 16u, pfb & 1);
+    if (FMT >= GF_Q8 && lane == 16 + r) {
+      const int c1 = cb + (int)nch - 1;
+      const int g0 = gsh >= 0 ? (cb * E) >> gsh : (cb * E) / W.group, g1 = gsh >= 0 ? (c1 * E) >> gsh : (c1 * E) / W.group;
+      const uintptr_t a = (uintptr_t)(rp.s[r] + g0) & ~(uintptr_t)15, b = ((uintptr_t)(rp.s[r] + g1 + 1) + 15) & ~(uintptr_t)15;
+      gk_l2_prefetch((const void *)a, (unsigned)(b - a), pfb & 1);
+    }
+  }
+}
+
 /* rows row0 .. row0+RW-1 (see gv_rowp) over chunks [cb, ce) of the split,
  * tokens xt[0..NTK) (the chunked path computes all NTK; the caller repeats
  * its last real token in the rest and drops them; nt = the real ones);
@@ -258,7 +281,7 @@ static inline size_t gv_xs_bytes(int fmt, int ntk, int ncb) { return (size_t)ntk
  * kernel, so they may be read before the previous kernel ends). */
 template <int FMT, int NTK, int XM, bool PF, bool WAIT>
 __device__ __forceinline__ void gv_rows(const gpu_mat &W, const gpu_mat &W2, bool gu, int row0, const float *const *xt,
-                                        int nt, int cb, int ce, int kb0, int kb1, float (*acc)[NTK]) {
+                                        int nt, int cb, int ce, int kb0, int kb1, float (*acc)[NTK], int pfb) {
   constexpr int E = gv_fmt<FMT>::E;
   constexpr int RW = gv_cfg<FMT, NTK, PF>::RW, U = gv_cfg<FMT, NTK, PF>::U;
   constexpr bool SC = FMT >= GF_Q8;
@@ -276,7 +299,8 @@ __device__ __forceinline__ void gv_rows(const gpu_mat &W, const gpu_mat &W2, boo
     int c = cb + lane;
     if (PF && c < ce) gv_load<FMT, RW, U>(W, rp, gsh, c, ce, wn, sn);
 #if !GK_HIP
-    if (!PF && WAIT && c < ce) /* the first round into L2 while waiting */
+    if (WAIT && pfb > 0) gv_l2pf<FMT, RW>(W, rp, gsh, cb, ce, pfb); /* while waiting */
+    else if (!PF && WAIT && c < ce) /* the first round into L2 while waiting */
 #pragma unroll
       for (int r = 0; r < RW; r++) asm volatile("prefetch.global.L2 [%0];" ::"l"((const uint4 *)rp.w[r] + c));
 #endif
@@ -380,6 +404,7 @@ typedef struct {
 typedef struct {
   gv_ent e[GV_MAXE];
   int n;
+  int pfb; /* gv_rows' L2 prefetch */
 } gv_list;
 
 template <int FMT, int NTK, int XM, bool PF>
@@ -404,7 +429,7 @@ __global__ void __launch_bounds__(256, FMT <= GF_BF16 && NTK == 1 ? 3 : 2)
   for (int t = 0; t < NTK; t++) xt[t] = P.x + (size_t)(t0 + min(t, nt - 1)) * P.ldx;
   float acc[RW][NTK];
   const int kb0 = min(cpr, sp * P.wk * P.sl), kb1 = min(cpr, kb0 + P.wk * P.sl);
-  gv_rows<FMT, NTK, XM, PF, true>(P.W, P.W2, P.gu, row0, xt, nt, cb, ce, kb0, kb1, acc);
+  gv_rows<FMT, NTK, XM, PF, true>(P.W, P.W2, P.gu, row0, xt, nt, cb, ce, kb0, kb1, acc, L.pfb);
   const bool has = gv_block_reduce<RW, NTK>(acc, P.wk, kw, wr, red) && !(threadIdx.x & 31);
   if (P.ns == 1) {
     if (!has) return;
@@ -468,7 +493,7 @@ __global__ void __launch_bounds__(256, FMT <= GF_BF16 ? 3 : 2)
   const gpu_mat W = wset[(size_t)e * wstride + which];
   const int cpr = (W.cols + E - 1) / E, cb = min(cpr, kw * sl), ce = min(cpr, cb + sl);
   const float *xt[1] = {x + (size_t)(xpt ? p / k : p) * ldx};
-  gv_rows<FMT, 1, XM, PF, false>(W, W, false, row0, xt, 1, cb, ce, 0, min(cpr, wk * sl), acc);
+  gv_rows<FMT, 1, XM, PF, false>(W, W, false, row0, xt, 1, cb, ce, 0, min(cpr, wk * sl), acc, 0);
   if (!gv_block_reduce<RW, 1>(acc, wk, kw, wr, red) || (threadIdx.x & 31)) return;
   float *yrow[1] = {yo};
   gv_store<RW, 1>(acc, yrow, row0, rows, 1, false, 0.f);
@@ -512,7 +537,7 @@ __global__ void __launch_bounds__(256, FMT <= GF_BF16 && NTK == 1 ? 3 : 2)
   const gpu_mat W = wset[(size_t)e * 3 + which], W2 = gu ? wset[(size_t)e * 3 + which + 1] : W;
   const int cpr = (W.cols + E - 1) / E, cb = min(cpr, kw * sl), ce = min(cpr, cb + sl);
   float acc[RW][NTK];
-  gv_rows<FMT, NTK, XM, PF, false>(W, W2, gu, row0, xt, cnt, cb, ce, 0, min(cpr, wk * sl), acc);
+  gv_rows<FMT, NTK, XM, PF, false>(W, W2, gu, row0, xt, cnt, cb, ce, 0, min(cpr, wk * sl), acc, 0);
   if (!gv_block_reduce<RW, NTK>(acc, wk, kw, wr, red) || (threadIdx.x & 31)) return;
   float *yrow[NTK];
 #pragma unroll
@@ -569,6 +594,23 @@ static size_t xs_smem(int fmt, int ntk, int ncb) {
   return b <= GV_XS_MAX ? b : 0;
 }
 
+/* gk_set_gemv_l2pf: bytes per row before the wait, evict-last priority */
+static int g_l2pf = -1, g_l2pf_last = 1;
+extern "C" void gk_set_gemv_l2pf(int bytes, int last) {
+  if (bytes < 0) {
+    const char *e = getenv("GLM53_GPU_GEMV_L2PF"), *l = getenv("GLM53_GPU_L2PF_LAST");
+    bytes = e && *e ? atoi(e) : 0; /* off until measured on the device (docs/gpu.md) */
+    last = !(l && !strcmp(l, "0"));
+  }
+  g_l2pf = bytes > 0 ? (bytes < (1 << 24) ? bytes : 1 << 24) & ~15 : 0;
+  g_l2pf_last = last != 0;
+}
+extern "C" int gk_gemv_l2pf(void) {
+  if (g_l2pf < 0) gk_set_gemv_l2pf(-1, -1);
+  return g_l2pf;
+}
+static int l2pf_param(void) { return gk_gemv_l2pf() > 0 ? g_l2pf | g_l2pf_last : 0; }
+
 template <int FMT, int NTK, bool PLAIN>
 static int gv_run(const gv_req *r, int nr, int n) {
   constexpr bool PF = gv_pf<FMT, NTK, PLAIN>::v;
@@ -578,6 +620,7 @@ static int gv_run(const gv_req *r, int nr, int n) {
     gv_list L;
     memset(&L, 0, sizeof L);
     L.n = nr - i0 < GV_MAXE ? nr - i0 : GV_MAXE;
+    L.pfb = l2pf_param();
     long blocks = 0;
     size_t pf = 0, pc = 0; /* partial floats, counters */
     for (int j = 0; j < L.n; j++) {

@@ -1150,20 +1150,18 @@ __global__ void pool_keys_k(gk_batch b, const float *ape, int P, int hd) {
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
   const gk_seg sg = b.seg[blockIdx.y];
   const gk_lstate &st = sg.ls[b.layer];
-  const float *ik = st.p[GK_ST_IK], *is = st.p[GK_ST_IS];
-  float *pool = st.p[GK_ST_POOL];
   const int pos0 = sg.pos0, p_lo = pos0 / P, p_hi = (pos0 + sg.len) / P; /* pools this segment completes */
   if (i >= (size_t)(p_hi - p_lo) * hd) return;
   int p = p_lo + (int)(i / hd), c = (int)(i % hd);
   float l[64], mx = -INFINITY;
   for (int m = 0; m < P; m++) {
-    l[m] = is[(size_t)(p * P + m) * hd + c] + ape[m * hd + c];
+    l[m] = gk_prow(st, GK_ST_IS, p * P + m, hd)[c] + ape[m * hd + c];
     mx = fmaxf(mx, l[m]);
   }
   float z = 0, acc = 0;
   for (int m = 0; m < P; m++) z += expf(l[m] - mx);
-  for (int m = 0; m < P; m++) acc += expf(l[m] - mx) / z * ik[(size_t)(p * P + m) * hd + c];
-  pool[(size_t)p * hd + c] = acc;
+  for (int m = 0; m < P; m++) acc += expf(l[m] - mx) / z * gk_prow(st, GK_ST_IK, p * P + m, hd)[c];
+  gk_prow(st, GK_ST_POOL, p, hd)[c] = acc;
 }
 extern "C" int gk_pool_keys(const gk_batch *b, const float *ape, int P, int hd) {
   if (P > 64) return gk_fail("indexer: kpool %d above 64", P);
@@ -1185,7 +1183,7 @@ __global__ void idx_scores_k(const float *q, const float *w, gk_batch b, int P, 
   extern __shared__ float qsh[]; /* q [nh][hd + 1], then a key [hd] per warp */
   int sg;
   const int t = blockIdx.x, n = (bpos(b, t, &sg) + 1) / P;
-  const float *pool = bst(b, sg, GK_ST_POOL);
+  const gk_lstate &st = b.seg[sg].ls[b.layer];
   if (n <= K || blockIdx.y * ppb >= n) return;
   const int ld = hd + 1;
   for (int i = threadIdx.x; i < nh * hd; i += blockDim.x) qsh[(i / hd) * ld + i % hd] = q[(size_t)t * nh * hd + i];
@@ -1196,7 +1194,7 @@ __global__ void idx_scores_k(const float *q, const float *w, gk_batch b, int P, 
   for (int it = 0; it < per; it++) {
     const int p = blockIdx.y * ppb + wq * per + it;
     if (p >= n) break;
-    const float *key = pool + (size_t)p * hd;
+    const float *key = gk_prow(st, GK_ST_POOL, p, hd);
     for (int i = lane; i < hd; i += 32) ksh[i] = key[i];
     __syncwarp();
     float acc = 0;
@@ -1310,7 +1308,7 @@ __global__ void __launch_bounds__(256) mla_attn_k(const float *qtg, gk_batch b, 
   __shared__ float qt[KL_MAX], wacc[8][KL_MAX], wm[8], wz[8];
   int sg;
   const int t = blockIdx.x, h = blockIdx.y, sp = blockIdx.z, w = threadIdx.x >> 5, lane = threadIdx.x & 31, pos = bpos(b, t, &sg);
-  const float *latent = bst(b, sg, GK_ST_LATENT);
+  const gk_lstate &lst = b.seg[sg].ls[b.layer];
   const size_t th = (size_t)t * H + h;
   for (int j = threadIdx.x; j < kl; j += blockDim.x) qt[j] = qtg[th * kl + j];
   __syncthreads();
@@ -1324,7 +1322,7 @@ __global__ void __launch_bounds__(256) mla_attn_k(const float *qtg, gk_batch b, 
   for (int c = 0; c < MLA_MAXC; c++) acc[c] = 0.f;
   for (int s = s0 + w; s < s1; s += 8) {
     int tok = sel_row(isd, np, tb, pl, P, s);
-    const float *lat = latent + (size_t)tok * kl;
+    const float *lat = gk_prow(lst, GK_ST_LATENT, tok, kl);
     float d = 0;
 #pragma unroll
     for (int c = 0; c < MLA_MAXC; c++) {
@@ -1426,7 +1424,7 @@ __global__ void __launch_bounds__(256) mla_hs_k(const float *qtg, gk_batch b, co
   int sg;
   const int t = blockIdx.x, h0 = blockIdx.y * HS_HG, sp = blockIdx.z, pos = bpos(b, t, &sg);
   const int tid = threadIdx.x, hh = tid >> 4, r = tid & 15, nh = min(HS_HG, H - h0), kq = kl / 4;
-  const float *latent = bst(b, sg, GK_ST_LATENT);
+  const gk_lstate &lst = b.seg[sg].ls[b.layer];
   for (int i = tid; i < HS_HG * kl; i += blockDim.x) {
     int a = i / kl;
     qs[i] = a < nh ? qtg[((size_t)t * H + h0) * kl + i] : 0.f;
@@ -1446,7 +1444,7 @@ __global__ void __launch_bounds__(256) mla_hs_k(const float *qtg, gk_batch b, co
       float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
       if (s < s1) {
         int tok = sel_row(isd, np, tb, pl, P, s);
-        v = ((const float4 *)(latent + (size_t)tok * kl))[c4];
+        v = ((const float4 *)gk_prow(lst, GK_ST_LATENT, tok, kl))[c4];
       }
       *(float4 *)(ls + rr * ldl + 4 * c4) = v;
     }
@@ -1540,13 +1538,41 @@ __global__ void store_at_k(gk_batch b, int which, int stride, const float *src, 
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
   if (i >= (size_t)T * n) return;
   int t = (int)(i / n), sg;
-  size_t c = i % n, pos = (size_t)bpos(b, t, &sg);
-  bst(b, sg, which)[pos * stride + c] = src[i];
+  const size_t c = i % n;
+  const int pos = bpos(b, t, &sg);
+  gk_prow(b.seg[sg].ls[b.layer], which, pos, stride)[c] = src[i];
 }
 extern "C" int gk_store_at(const gk_batch *b, int which, int stride, const float *src, int T, int n) {
   if (batch_ok(b, "store_at")) return -1;
   gk_launch(store_at_k, gk_blocks((size_t)T * n, 256), 256, 0, *b, which, stride, src, T, n);
   return GK_LAUNCHED("store_at");
+}
+
+/* rows [0, rows) of a paged state, contiguous (gk_pages_linear); V floats
+ * per thread (4 when the stride allows float4) */
+template <int V>
+__global__ void pages_linear_k(float *const *table, int pshift, int rows, int stride, float *dst) {
+  GK_PDL_BEGIN();
+  const size_t i = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) * V;
+  if (i >= (size_t)rows * stride) return;
+  const int r = (int)(i / stride), c = (int)(i % stride);
+  const float *src = table[r >> pshift] + (size_t)(r & ((1 << pshift) - 1)) * stride + c;
+  float v[V];
+  vload<V>(v, src);
+  vstore<V>(dst + i, v);
+}
+static gk_scratch g_lin[2];
+extern "C" float *gk_pages_linear(int slot, float *const *table, int pshift, int rows, int stride) {
+  if (slot < 0 || slot > 1 || rows <= 0 || stride <= 0) {
+    gk_fail("pages_linear: slot %d, %d rows of %d", slot, rows, stride);
+    return NULL;
+  }
+  const size_t n = (size_t)rows * stride;
+  float *d = (float *)gk_scratch_grow(&g_lin[slot], n * sizeof(float));
+  if (!d) return NULL;
+  if (stride % 4 == 0) gk_launch(pages_linear_k<4>, gk_blocks(n / 4, 256), 256, 0, table, pshift, rows, stride, d);
+  else gk_launch(pages_linear_k<1>, gk_blocks(n, 256), 256, 0, table, pshift, rows, stride, d);
+  return GK_LAUNCHED("pages_linear") ? NULL : d;
 }
 
 /* ---- MoE router (moe.c moe_route), one thread per token ---- */
@@ -1578,10 +1604,42 @@ __device__ __forceinline__ int route_argmax(const float *v, const unsigned char 
   }
   return bi;
 }
+/* The selected experts' gate and up weights into L2 (gk_moe_route_pf),
+ * `bytes` of them in 64 KB pieces spread over the lanes: experts in
+ * ascending id (the grouped launch's block order), gate and up pieces
+ * alternating from row 0 (its virtual rows alternate gate/up). srt: 64
+ * ints of the warp's shared memory. */
+#define XPF_PIECE 65536u
+__device__ __forceinline__ void route_prefetch(const gpu_mat *wset, const int *id, int k, long bytes, int *srt) {
+  const int lane = threadIdx.x & 31;
+  __syncwarp();
+  int nsel = 0;
+  for (int i = 0; i < k; i++) nsel += id[i] >= 0;
+  for (int j = lane; j < k; j += 32) {
+    const int e = id[j];
+    int rank = 0;
+    for (int i = 0; i < k; i++) rank += id[i] >= 0 && id[i] < e;
+    if (e >= 0) srt[rank] = e; /* the ids are distinct */
+  }
+  __syncwarp();
+  if (!nsel) return;
+  const gpu_mat &g0 = wset[(size_t)srt[0] * 3];
+  const size_t m = g0.fmt == GF_F32 ? (size_t)g0.rows * g0.cols * 4 : g0.fmt == GF_BF16 ? (size_t)g0.rows * g0.cols * 2
+                   : g0.fmt == GF_Q8 ? (size_t)g0.rows * g0.cols : (size_t)g0.rows * g0.cols / 2;
+  const long pm = (long)((m + XPF_PIECE - 1) / XPF_PIECE), np = bytes / XPF_PIECE;
+  for (long q = lane; q < np; q += 32) {
+    const long r = q / (2 * pm), j = q % (2 * pm);
+    if (r >= nsel) break;
+    const size_t off = (size_t)(j >> 1) * XPF_PIECE;
+    const gpu_mat &w = wset[(size_t)srt[r] * 3 + (j & 1)];
+    gk_l2_prefetch((const char *)w.d + off, (unsigned)min((size_t)XPF_PIECE, m - off) & ~15u, true);
+  }
+}
 __global__ void moe_route_k(const float *logits, const float *bias, int T, int E, int k, int G, int topk_group, int norm,
-                            float scaling, int *idx, float *wt) {
+                            float scaling, int *idx, float *wt, const gpu_mat *wset, long pfb) {
   GK_PDL_BEGIN();
   __shared__ float s_sig[ROUTE_WARPS][E_MAX], s_ch[ROUTE_WARPS][E_MAX], s_gs[ROUTE_WARPS][64];
+  __shared__ int s_srt[ROUTE_WARPS][64];
   __shared__ unsigned char s_ok[ROUTE_WARPS][E_MAX], s_gok[ROUTE_WARPS][64];
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, t = blockIdx.x * ROUTE_WARPS + w;
   if (t >= T) return; /* the whole warp: no block barrier below */
@@ -1625,6 +1683,7 @@ __global__ void moe_route_k(const float *logits, const float *bias, int T, int E
     }
     __syncwarp();
   }
+  if (wset && pfb > 0) route_prefetch(wset, id, k, pfb / T, s_srt[w]);
   if (lane) return;
   double sum = 0;
   for (int i = 0; i < k; i++) sum += id[i] >= 0 ? sig[id[i]] : 0.0f;
@@ -1634,12 +1693,29 @@ __global__ void moe_route_k(const float *logits, const float *bias, int T, int E
     wt[(size_t)t * k + i] = (float)(v * scaling);
   }
 }
+static long g_xpf = -1;
+extern "C" void gk_set_expert_l2pf(long bytes) {
+  if (bytes < 0) {
+    const char *e = getenv("GLM53_GPU_EXPERT_L2PF_MB");
+    bytes = e && *e ? (long)(atof(e) * 1048576.0) : 0; /* off until measured on the device */
+  }
+  g_xpf = bytes > 0 ? bytes : 0;
+}
+extern "C" long gk_expert_l2pf(void) {
+  if (g_xpf < 0) gk_set_expert_l2pf(-1);
+  return g_xpf;
+}
+extern "C" int gk_moe_route_pf(const float *logits, const float *bias, int T, int E, int k, int G, int topk_group, int norm,
+                               float scaling, int *idx, float *wt, const gpu_mat *wset) {
+  if (E > E_MAX || G > 64 || k > 64) return gk_fail("moe: %d experts / %d groups / top-%d above the kernel's bounds", E, G, k);
+  const long pfb = wset ? gk_expert_l2pf() : 0;
+  gk_launch(moe_route_k, gk_blocks(T, ROUTE_WARPS), 32 * ROUTE_WARPS, 0, logits, bias, T, E, k, G, topk_group, norm,
+            scaling, idx, wt, pfb > 0 ? wset : (const gpu_mat *)NULL, pfb);
+  return GK_LAUNCHED("moe_route");
+}
 extern "C" int gk_moe_route(const float *logits, const float *bias, int T, int E, int k, int G, int topk_group, int norm,
                             float scaling, int *idx, float *wt) {
-  if (E > E_MAX || G > 64 || k > 64) return gk_fail("moe: %d experts / %d groups / top-%d above the kernel's bounds", E, G, k);
-  gk_launch(moe_route_k, gk_blocks(T, ROUTE_WARPS), 32 * ROUTE_WARPS, 0, logits, bias, T, E, k, G, topk_group, norm,
-            scaling, idx, wt);
-  return GK_LAUNCHED("moe_route");
+  return gk_moe_route_pf(logits, bias, T, E, k, G, topk_group, norm, scaling, idx, wt, NULL);
 }
 
 /* out[t] (holding the shared expert) += wt * expert output, in ascending
