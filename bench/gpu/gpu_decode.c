@@ -228,8 +228,8 @@ int main(int argc, char **argv) {
          mode, E, dt * 1e3, 1 / dt, dbytes / 1e9, dbytes / dt / 1e9, 100.0 * dbytes / dt / 1e9 / bw);
   printf("L2 prefetch: GEMV %d bytes per row before its wait, experts %.0f MB at routing, PDL trigger %s\n", gk_gemv_l2pf(),
          gk_expert_l2pf() / 1048576.0, gk_pdl_early() ? "early" : "late");
-  if (gk_pdl_supported()) l2_sweep(m, steps, tok, logits, dbytes, bw);
-  if (gk_pdl_supported()) { /* the same without programmatic dependent launch (a fresh session: its own graphs) */
+  if (gk_pdl_supported()) { /* the L2 prefetch settings, then no programmatic dependent launch (fresh sessions: their own graphs) */
+    l2_sweep(m, steps, tok, logits, dbytes, bw);
     gk_force_pdl_off(1);
     glm53_session *s2 = glm53_session_new(m, 64 + steps + 16);
     if (!s2) { printf("session: %s\n", glm53_last_error()); return 1; }

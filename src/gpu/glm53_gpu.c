@@ -565,7 +565,7 @@ static int session_pages(glm53_session *ss, int rows) {
     gpu_ptab *t = &s->pt[i];
     if (!t->host) continue;
     const int need = i % GK_ST_N == GK_ST_POOL ? rows / c->index_kpool + 1 : rows;
-    if (gpu_ptab_grow(t, &g->pages, need, s->pshift)) {
+    if (gpu_ptab_grow(t, &g->pages, need)) {
       char why[256];
       snprintf(why, sizeof why, "%s", glm53_last_error());
       return glm53_err("gpu: no device memory for the latent / indexer caches of %d positions (%.1f MB of pages in use): %s",

@@ -35,7 +35,7 @@ typedef struct {
   size_t bytes;  /* one page */
   void **free;   /* pages not held by any session */
   int nfree, cap;
-  long total, used;
+  long used;     /* pages held by sessions */
 } gpu_page_class;
 typedef struct {
   gpu_page_class cls[GPU_PAGE_CLASSES];
@@ -48,6 +48,7 @@ typedef struct {
   void **host;  /* page pointers [cap] (n held) */
   void *dev;    /* the same on the device [cap] */
   int n, cap;
+  int pshift;   /* 2^pshift rows a page */
   size_t page_bytes;
 } gpu_ptab;
 /* log2 of the rows per page: $GLM53_GPU_PAGE_TOKENS rounded down to a
@@ -57,7 +58,7 @@ int gpu_page_shift(void);
 int gpu_ptab_init(gpu_ptab *t, size_t page_bytes, int max_rows, int pshift, void *(*alloc)(void *ctx, size_t n), void *ctx);
 /* pages for rows [0, rows) (at most the table's capacity); -1 when the
  * device memory for them is missing (the pages it got are kept) */
-int gpu_ptab_grow(gpu_ptab *t, gpu_pages *pp, int rows, int pshift);
+int gpu_ptab_grow(gpu_ptab *t, gpu_pages *pp, int rows);
 /* the pages back to the pool; the host table freed */
 void gpu_ptab_release(gpu_ptab *t, gpu_pages *pp);
 void gpu_pages_free(gpu_pages *pp);

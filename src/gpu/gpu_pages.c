@@ -31,6 +31,14 @@ static gpu_page_class *page_class(gpu_pages *pp, size_t bytes) {
   return c;
 }
 
+/* room in the free list for `more` pages */
+static void free_reserve(gpu_page_class *c, int more) {
+  if (c->cap - c->nfree >= more) return;
+  c->cap = c->cap ? c->cap * 2 : 64;
+  if (c->cap - c->nfree < more) c->cap = c->nfree + more;
+  c->free = xrealloc(c->free, (size_t)c->cap * sizeof(void *));
+}
+
 static void *page_get(gpu_pages *pp, size_t bytes) {
   gpu_page_class *c = page_class(pp, bytes);
   if (!c) {
@@ -43,13 +51,8 @@ static void *page_get(gpu_pages *pp, size_t bytes) {
       glm53_err("gpu cache pages: %.1f MB more device memory: %s", bytes * GPU_PAGE_SLAB / 1e6, gk_error());
       return NULL;
     }
-    if (c->cap - c->nfree < GPU_PAGE_SLAB) {
-      c->cap = c->cap ? c->cap * 2 : 64;
-      if (c->cap - c->nfree < GPU_PAGE_SLAB) c->cap = c->nfree + GPU_PAGE_SLAB;
-      c->free = xrealloc(c->free, (size_t)c->cap * sizeof(void *));
-    }
+    free_reserve(c, GPU_PAGE_SLAB);
     for (int i = GPU_PAGE_SLAB - 1; i >= 0; i--) c->free[c->nfree++] = slab + (size_t)i * bytes; /* lowest first out */
-    c->total += GPU_PAGE_SLAB;
     pp->bytes += bytes * GPU_PAGE_SLAB;
   }
   c->used++;
@@ -59,10 +62,7 @@ static void *page_get(gpu_pages *pp, size_t bytes) {
 static void page_put(gpu_pages *pp, size_t bytes, void *p) {
   gpu_page_class *c = page_class(pp, bytes);
   if (!c) return; /* cannot happen: the class gave the page */
-  if (c->nfree == c->cap) {
-    c->cap = c->cap ? c->cap * 2 : 64;
-    c->free = xrealloc(c->free, (size_t)c->cap * sizeof(void *));
-  }
+  free_reserve(c, 1);
   c->free[c->nfree++] = p;
   c->used--;
 }
@@ -75,6 +75,7 @@ void gpu_pages_free(gpu_pages *pp) {
 int gpu_ptab_init(gpu_ptab *t, size_t page_bytes, int max_rows, int pshift, void *(*alloc)(void *ctx, size_t n), void *ctx) {
   memset(t, 0, sizeof *t);
   t->page_bytes = page_bytes;
+  t->pshift = pshift;
   t->cap = (max_rows + (1 << pshift) - 1) >> pshift;
   if (t->cap < 1) t->cap = 1;
   t->host = xcalloc((size_t)t->cap, sizeof(void *));
@@ -82,8 +83,8 @@ int gpu_ptab_init(gpu_ptab *t, size_t page_bytes, int max_rows, int pshift, void
   return t->dev ? 0 : -1;
 }
 
-int gpu_ptab_grow(gpu_ptab *t, gpu_pages *pp, int rows, int pshift) {
-  int need = (rows + (1 << pshift) - 1) >> pshift;
+int gpu_ptab_grow(gpu_ptab *t, gpu_pages *pp, int rows) {
+  int need = (rows + (1 << t->pshift) - 1) >> t->pshift;
   if (need > t->cap) need = t->cap;
   if (need <= t->n) return 0;
   const int n0 = t->n;
