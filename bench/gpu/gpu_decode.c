@@ -295,6 +295,30 @@ int main(int argc, char **argv) {
            NP, nt, nt, pms);
   }
   gk_set_kda_conv_nt(0);
+  /* prefill A/B: the KDA recurrence in the chunked form (gk_kda_chunk.cu),
+   * median of 3 after one warm-up, and how far its last-token logits are
+   * from the token form's (fp32 rounding of a random model) */
+  {
+    float *ref = xmalloc((size_t)V * sizeof(float)), *alt = xmalloc((size_t)V * sizeof(float));
+    glm53_session_reset(s);
+    run(s, tok, NP, ref);
+    gk_set_kda_chunked(1);
+    for (int i = 0; i < 4; i++) {
+      glm53_session_reset(s);
+      double ms = run(s, tok, NP, alt);
+      if (i) pr[i - 1] = ms;
+      glm53_gpu_profile_dump("prefill 4096 (variant)");
+    }
+    gk_set_kda_chunked(-1);
+    double mx = 0, d = 0;
+    for (int i = 0; i < V; i++) mx = fmax(mx, fabs(ref[i])), d = fmax(d, fabs((double)alt[i] - ref[i]));
+    pms = median3(pr);
+    printf("prefill %d tokens, KDA recurrence chunked (GLM53_KDA_PREFILL=chunked, median of 3): %.1f ms = %.0f tok/s; "
+           "last-token logits max |diff| %.3g (largest %.3g)\n",
+           NP, pms, NP / (pms * 1e-3), d, mx);
+    free(ref);
+    free(alt);
+  }
   glm53_session_free(s);
   /* the MLA attention variants (docs/gpu.md): prefill without the GEMM form
    * (head-sharing core, then the per-head core), decode at 4K context with

@@ -690,7 +690,11 @@ static int kda_dev(const glm53_config *c, const gkda *w, const gk_batch *b, acts
                         {.W = &w->gb, .y = A->z, .ldy = inner, .x = A->fa + hd, .ldx = 2 * hd}};
   TRY(gk_matmul_multi(p2, 2, NULL, T, 0));
   TRY(gk_kda_conv_prep(A->raw, b, w->conv, T, H, hd, c->linear_conv_kernel_dim, 1.0f / sqrtf((float)hd), A->qkv));
-  TRY(gk_kda_recur_gated(b, A->qkv, A->g, w->dt_bias, w->A_log, c->linear_lower_bound, A->beta, T, H, hd, A->o));
+  /* the chunked form works in the projection buffer (dead after the conv) */
+  if (gk_kda_chunk_use(b, hd) && gk_kda_chunk_work(T, H, hd) <= (size_t)T * ch)
+    TRY(gk_kda_chunked(b, A->qkv, A->g, w->dt_bias, w->A_log, c->linear_lower_bound, A->beta, T, H, hd, A->raw, A->o));
+  else
+    TRY(gk_kda_recur_gated(b, A->qkv, A->g, w->dt_bias, w->A_log, c->linear_lower_bound, A->beta, T, H, hd, A->o));
   TRY(gk_kda_out(A->o, A->z, w->o_norm, T, H, hd, c->rms_norm_eps));
   return gk_matmul(&w->o, A->o, T, inner, A->a, D);
 }

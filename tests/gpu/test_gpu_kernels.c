@@ -366,6 +366,76 @@ static void kda_gated_case(float lb, int T) {
   gk_free(o1); gk_free(o2); gk_free(dls); gk_free(dseg); gk_free(tseg);
 }
 
+/* gk_kda_chunked (the chunked prefill form) against the token recurrence
+ * (gk_kda_recur_gated): segments of several lengths in one launch (a full
+ * chunk, partial chunks, one token) through their own states, q and k
+ * L2-normalised per head as in the model (an unnormalised delta rule
+ * diverges, and so would any two roundings of it). Output and final states
+ * within 1e-4 of the largest value (fp32 both; ~1e-6 expected). */
+static void kda_chunk_case(int hd, const int *lens, int nseg, float lb) {
+  const int H = 3, inner = H * hd, ch = 3 * inner;
+  int T = 0, maxlen = 0;
+  for (int z = 0; z < nseg; z++) T += lens[z], maxlen = lens[z] > maxlen ? lens[z] : maxlen;
+  float *hq = xmalloc((size_t)T * ch * 4);
+  for (int t = 0; t < T; t++)
+    for (int part = 0; part < 3; part++)
+      for (int h = 0; h < H; h++) {
+        float *v = hq + (size_t)t * ch + part * inner + h * hd;
+        double ss = 0;
+        for (int i = 0; i < hd; i++) v[i] = rf(), ss += (double)v[i] * v[i];
+        const float sc = part == 2 ? 1.0f : (float)(1.0 / sqrt(ss + 1e-6)) * (part == 0 ? 1.0f / sqrtf((float)hd) : 1.0f);
+        for (int i = 0; i < hd; i++) v[i] *= sc;
+      }
+  float *qkv1 = dcopy(hq, (size_t)T * ch * 4), *qkv2 = dcopy(hq, (size_t)T * ch * 4), *hg = NULL, *hb = NULL, *hs = NULL;
+  float *g1 = dvec((size_t)T * inner, -3, 3, &hg), *g2 = dcopy(hg, (size_t)T * inner * 4);
+  float *bl1 = dvec((size_t)T * H, -2, 2, &hb), *bl2 = dcopy(hb, (size_t)T * H * 4);
+  float *dtb = dvec(inner, -0.5f, 0.5f, NULL), *Al = dvec(H, -0.5f, 0.5f, NULL);
+  const size_t ns = (size_t)H * hd * hd;
+  float *S1 = dvec(ns * nseg, -0.2f, 0.2f, &hs), *S2 = dcopy(hs, ns * nseg * 4);
+  float *o1 = gk_malloc((size_t)T * inner * 4), *o2 = gk_malloc((size_t)T * inner * 4);
+  float *work = gk_malloc(gk_kda_chunk_work(T, H, hd) * 4);
+  gk_lstate *ls = calloc(2 * (size_t)nseg, sizeof *ls);
+  gk_seg *seg = calloc(2 * (size_t)nseg, sizeof *seg);
+  int *ts = xmalloc((size_t)T * 4);
+  for (int z = 0, t0 = 0; z < nseg; t0 += lens[z], z++) {
+    ls[z].p[GK_ST_S] = S1 + z * ns;
+    ls[nseg + z].p[GK_ST_S] = S2 + z * ns;
+    for (int t = t0; t < t0 + lens[z]; t++) ts[t] = z;
+  }
+  gk_lstate *dls = dcopy(ls, 2 * (size_t)nseg * sizeof *ls);
+  for (int z = 0, t0 = 0; z < nseg; t0 += lens[z], z++) {
+    seg[z] = (gk_seg){.ls = dls + z, .t0 = t0, .len = lens[z], .pos0 = 3};
+    seg[nseg + z] = (gk_seg){.ls = dls + nseg + z, .t0 = t0, .len = lens[z], .pos0 = 3};
+  }
+  gk_seg *dseg = dcopy(seg, 2 * (size_t)nseg * sizeof *seg);
+  int *tseg = dcopy(ts, (size_t)T * 4);
+  gk_batch b1 = {.seg = dseg, .tseg = tseg, .nseg = nseg, .maxlen = maxlen}, b2 = b1;
+  b2.seg = dseg + nseg;
+  gk_set_kda_chunked(1);
+  const int use = gk_kda_chunk_use(&b2, hd);
+  CHECK(use == (maxlen >= 64), "kda chunked: gk_kda_chunk_use %d for a longest segment of %d", use, maxlen);
+  int rc = gk_kda_recur_gated(&b1, qkv1, g1, dtb, Al, lb, bl1, T, H, hd, o1) ||
+           gk_kda_chunked(&b2, qkv2, g2, dtb, Al, lb, bl2, T, H, hd, work, o2);
+  gk_set_kda_chunked(-1);
+  CHECK(rc == 0, "kda chunked: %s", gk_error());
+  float *r1 = xmalloc((size_t)T * inner * 4), *r2 = xmalloc((size_t)T * inner * 4);
+  float *s1 = xmalloc(ns * nseg * 4), *s2 = xmalloc(ns * nseg * 4);
+  double eo = INFINITY, es = INFINITY;
+  if (!rc && !gk_d2h(r1, o1, (size_t)T * inner * 4) && !gk_d2h(r2, o2, (size_t)T * inner * 4) &&
+      !gk_d2h(s1, S1, ns * nseg * 4) && !gk_d2h(s2, S2, ns * nseg * 4)) {
+    eo = rel(r2, r1, (size_t)T * inner);
+    es = rel(s2, s1, ns * nseg);
+  }
+  char nm[96];
+  int k = snprintf(nm, sizeof nm, "hd %d, lb %g, segments", hd, lb);
+  for (int z = 0; z < nseg && k < (int)sizeof nm - 8; z++) k += snprintf(nm + k, sizeof nm - k, " %d", lens[z]);
+  CHECK(eo <= 1e-4 && es <= 1e-4, "kda chunked (%s): output err %.3g, state err %.3g > 1e-4", nm, eo, es);
+  printf("kda chunked form vs token recurrence (%s): output err %.3g, state err %.3g (tol 1e-4)\n", nm, eo, es);
+  free(hq); free(hg); free(hb); free(hs); free(ls); free(seg); free(ts); free(r1); free(r2); free(s1); free(s2);
+  gk_free(qkv1); gk_free(qkv2); gk_free(g1); gk_free(g2); gk_free(bl1); gk_free(bl2); gk_free(dtb); gk_free(Al);
+  gk_free(S1); gk_free(S2); gk_free(o1); gk_free(o2); gk_free(work); gk_free(dls); gk_free(dseg); gk_free(tseg);
+}
+
 /* gk_select against a CPU sort (score descending, NaN as -inf, index
  * ascending): n pools per token, scores from 7 values (ties) and NaNs;
  * n <= 4096 takes the shared-memory sort, more the rank count */
@@ -982,6 +1052,13 @@ int main(void) {
     }
   }
   gk_set_kda_cpw(0);
+  {
+    static const int l1[] = {200, 64, 1, 130}, l2[] = {150}, l3[] = {97, 65, 3};
+    kda_chunk_case(128, l1, 4, -5.0f); /* the model's head dim */
+    kda_chunk_case(64, l2, 1, NAN);    /* no lower bound: the softplus gate */
+    kda_chunk_case(32, l3, 3, -5.0f);
+    kda_chunk_case(128, l3 + 2, 1, -5.0f); /* too short: the token form is kept */
+  }
   kda_conv_prep_case(3, 1, 4, 64, 4);  /* decode: one launch, states written by it */
   kda_conv_prep_case(2, 3, 3, 40, 4);  /* short segments, still one launch */
   /* the prefill form's tokens per warp (GLM53_GPU_KDA_CONV_NT): 1, the

@@ -48,6 +48,8 @@ if [ "$PART" != bench ]; then
     done
   fi
   step quality_compare 60 env "$D/glm53" quality --model models/tiny --text tests/data/tiny/heldout.txt --compare-backends --max-tokens 2048
+  # the chunked KDA prefill form (opt-in) on both backends
+  step quality_compare.kda_chunked 60 env GLM53_KDA_PREFILL=chunked "$D/glm53" quality --model models/tiny --text tests/data/tiny/heldout.txt --compare-backends --max-tokens 2048
   P='The Python interpreter is'
   step run_gpu 20 sh -c "'$D/glm53' run --model models/tiny --backend gpu -p '$P' --max-tokens 64 --temperature 0 >/tmp/run_gpu.txt"
   step run_cpu 20 sh -c "'$D/glm53' run --model models/tiny --backend cpu -p '$P' --max-tokens 64 --temperature 0 >/tmp/run_cpu.txt"

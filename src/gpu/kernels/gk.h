@@ -243,6 +243,18 @@ int gk_kda_recur(const gk_batch *b, const float *qkv, const float *g, const floa
  * sigmoid(beta_logit) first (same bits again) */
 int gk_kda_recur_gated(const gk_batch *b, const float *qkv, float *graw, const float *dt_bias, const float *A_log,
                        float lower_bound, float *beta_logit, int T, int H, int hd, float *o);
+/* The chunked form of the same recurrence for long chunks (gk_kda_chunk.cu):
+ * opt-in (GLM53_KDA_PREFILL=chunked as on the CPU, or gk_set_kda_chunked;
+ * -1 goes back to the environment); equal to the token form to fp32
+ * rounding, not bitwise. gk_kda_chunk_use: on, head dim 32/64/128 with
+ * the shared memory it needs, a segment of 64+ tokens. gk_kda_chunked
+ * overwrites qkv and graw (dead after the recurrence) and needs
+ * gk_kda_chunk_work(T, H, hd) floats of work (at most 3 * H * hd * T). */
+void gk_set_kda_chunked(int on);
+int gk_kda_chunk_use(const gk_batch *b, int hd);
+size_t gk_kda_chunk_work(int T, int H, int hd);
+int gk_kda_chunked(const gk_batch *b, float *qkv, float *graw, const float *dt_bias, const float *A_log,
+                   float lower_bound, const float *beta_logit, int T, int H, int hd, float *work, float *o);
 int gk_kda_out(float *o, const float *z, const float *w, int T, int H, int hd, float eps);
 /* the recurrence's columns per warp, 4 or 8: bench A/B (0: GLM53_GPU_KDA_CPW, default 4) */
 void gk_set_kda_cpw(int cpw);

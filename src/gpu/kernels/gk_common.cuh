@@ -236,7 +236,7 @@ __device__ __forceinline__ uint32_t bf16_bits(float f) {
   if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u; /* NaN */
   return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
 }
-__device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+#include "gk_scalar.cuh" /* sigm, kda_gate1 */
 /* clamped SwiGLU (ops.h swiglu_clamped): the MLP kernels and the fused
  * gate+up GEMV give the same bits */
 __device__ __forceinline__ float swiglu1(float a, float b, float limit) {

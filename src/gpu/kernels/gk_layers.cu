@@ -778,11 +778,6 @@ extern "C" int gk_kda_conv_prep(const float *raw, const gk_batch *b, const float
   return GK_LAUNCHED("kda_conv_prep");
 }
 
-/* forget gate of channel c (head h) from its raw projection */
-__device__ __forceinline__ float kda_gate1(float graw, const float *dt_bias, const float *A_log, int h, int c, float lb) {
-  float rate = expf(A_log[h]), x = graw + dt_bias[c];
-  return !isnan(lb) ? lb * sigm(rate * x) : -rate * (x > 20.0f ? x : log1pf(expf(x)));
-}
 __global__ void kda_gate_k(float *g, const float *dt_bias, const float *A_log, int T, int H, int hd, float lb) {
   GK_PDL_BEGIN();
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
