@@ -303,19 +303,23 @@ int main(int argc, char **argv) {
     glm53_session_reset(s);
     run(s, tok, NP, ref);
     gk_set_kda_chunked(1);
-    for (int i = 0; i < 4; i++) {
-      glm53_session_reset(s);
-      double ms = run(s, tok, NP, alt);
-      if (i) pr[i - 1] = ms;
-      glm53_gpu_profile_dump("prefill 4096 (variant)");
+    for (int len = 64; len >= 32; len -= 32) {
+      gk_set_kda_chunk_len(len);
+      for (int i = 0; i < 4; i++) {
+        glm53_session_reset(s);
+        double ms = run(s, tok, NP, alt);
+        if (i) pr[i - 1] = ms;
+        glm53_gpu_profile_dump("prefill 4096 (variant)");
+      }
+      double mx = 0, d = 0;
+      for (int i = 0; i < V; i++) mx = fmax(mx, fabs(ref[i])), d = fmax(d, fabs((double)alt[i] - ref[i]));
+      pms = median3(pr);
+      printf("prefill %d tokens, KDA recurrence chunked (GLM53_KDA_PREFILL=chunked, %d-token chunks, median of 3): "
+             "%.1f ms = %.0f tok/s; last-token logits max |diff| %.3g (largest %.3g)\n",
+             NP, len, pms, NP / (pms * 1e-3), d, mx);
     }
+    gk_set_kda_chunk_len(0);
     gk_set_kda_chunked(-1);
-    double mx = 0, d = 0;
-    for (int i = 0; i < V; i++) mx = fmax(mx, fabs(ref[i])), d = fmax(d, fabs((double)alt[i] - ref[i]));
-    pms = median3(pr);
-    printf("prefill %d tokens, KDA recurrence chunked (GLM53_KDA_PREFILL=chunked, median of 3): %.1f ms = %.0f tok/s; "
-           "last-token logits max |diff| %.3g (largest %.3g)\n",
-           NP, pms, NP / (pms * 1e-3), d, mx);
     free(ref);
     free(alt);
   }

@@ -1054,10 +1054,15 @@ int main(void) {
   gk_set_kda_cpw(0);
   {
     static const int l1[] = {200, 64, 1, 130}, l2[] = {150}, l3[] = {97, 65, 3};
-    kda_chunk_case(128, l1, 4, -5.0f); /* the model's head dim */
-    kda_chunk_case(64, l2, 1, NAN);    /* no lower bound: the softplus gate */
-    kda_chunk_case(32, l3, 3, -5.0f);
-    kda_chunk_case(128, l3 + 2, 1, -5.0f); /* too short: the token form is kept */
+    for (int len = 64; len >= 32; len -= 32) { /* tokens per chunk */
+      gk_set_kda_chunk_len(len);
+      printf("kda chunked form, %d-token chunks:\n", len);
+      kda_chunk_case(128, l1, 4, -5.0f); /* the model's head dim */
+      kda_chunk_case(64, l2, 1, NAN);    /* no lower bound: the softplus gate */
+      kda_chunk_case(32, l3, 3, -5.0f);
+      kda_chunk_case(128, l3 + 2, 1, -5.0f); /* too short: the token form is kept */
+    }
+    gk_set_kda_chunk_len(0);
   }
   kda_conv_prep_case(3, 1, 4, 64, 4);  /* decode: one launch, states written by it */
   kda_conv_prep_case(2, 3, 3, 40, 4);  /* short segments, still one launch */

@@ -2,7 +2,8 @@
  * the host through the CUDA emulator (tests/emu/cuda_emu.h), against the
  * CPU token recurrence (kda_step, double accumulation): segments of several
  * lengths in one launch (full chunks, partial chunks, one token), each
- * through its own random state, head dims 32/64/128, the lower-bounded
+ * through its own random state, head dims 32/64/128, chunks of 64 and 32
+ * tokens, the lower-bounded
  * gate and the softplus one. q and k are L2-normalised per head as in the
  * model. Output and final states within 1e-4 of the largest value. So the
  * kernels' indexing and the chunked math are checked on every CI run; the
@@ -34,7 +35,7 @@ static double rel(const float *got, const float *ref, size_t n) {
   return d / fmax(mx, 1e-30);
 }
 
-template <int HD> static void chunk_case(const int *lens, int nseg, float lb) {
+template <int HD, int KC> static void chunk_case(const int *lens, int nseg, float lb) {
   const int H = 2, inner = H * HD, ch = 3 * inner;
   int T = 0, maxlen = 0;
   for (int z = 0; z < nseg; z++) T += lens[z], maxlen = std::max(maxlen, lens[z]);
@@ -91,18 +92,18 @@ template <int HD> static void chunk_case(const int *lens, int nseg, float lb) {
   b.layer = 0;
   std::vector<float> work((size_t)T * H * (KC + HD));
   float *aqk = work.data(), *glb = aqk + (size_t)T * H * KC;
-  CHECK(kc_prep_floats<HD>() <= sizeof kc_sh / sizeof *kc_sh && kc_pass_floats<HD>() <= sizeof kc_sh / sizeof *kc_sh,
-        "shared memory of the emulation too small");
+  const size_t need = std::max(kc_prep_floats<HD, KC>(), kc_pass_floats<HD, KC>());
+  CHECK(need <= sizeof kc_sh / sizeof *kc_sh, "shared memory of the emulation too small");
   bool ok = emu_launch(dim3((maxlen + KC - 1) / KC, H, nseg), dim3(KCT), [&] {
-    kda_chunk_prep_k<HD>(b, qkv.data(), graw.data(), dtb.data(), Al.data(), lb, bl.data(), H, aqk, glb);
+    kda_chunk_prep_k<HD, KC>(b, qkv.data(), graw.data(), dtb.data(), Al.data(), lb, bl.data(), H, aqk, glb);
   });
   ok = ok && emu_launch(dim3(H, HD / KCB, nseg), dim3(KCT), [&] {
-    kda_chunk_pass_k<HD>(b, qkv.data(), graw.data(), aqk, glb, H, o.data());
+    kda_chunk_pass_k<HD, KC>(b, qkv.data(), graw.data(), aqk, glb, H, o.data());
   });
   CHECK(ok, "hd %d: the emulated kernels deadlocked", HD);
   const double eo = rel(o.data(), oref.data(), o.size()), es = rel(S.data(), Sref.data(), S.size());
   char nm[96];
-  int k = snprintf(nm, sizeof nm, "hd %d, lb %g, segments", HD, lb);
+  int k = snprintf(nm, sizeof nm, "hd %d, chunk %d, lb %g, segments", HD, KC, lb);
   for (int z = 0; z < nseg && k < (int)sizeof nm - 8; z++) k += snprintf(nm + k, sizeof nm - k, " %d", lens[z]);
   CHECK(eo <= 1e-4 && es <= 1e-4, "%s: output err %.3g, state err %.3g > 1e-4", nm, eo, es);
   printf("kda chunked kernels (emulated) vs CPU token recurrence (%s): output err %.3g, state err %.3g (tol 1e-4)\n", nm, eo,
@@ -138,8 +139,10 @@ static void emu_selfcheck() {
 int main() {
   emu_selfcheck();
   static const int l1[] = {130, 1, 64}, l2[] = {150}, l3[] = {97, 65, 3};
-  chunk_case<128>(l1, 3, -5.0f); /* the model's head dim */
-  chunk_case<64>(l2, 1, NAN);    /* no lower bound: the softplus gate */
-  chunk_case<32>(l3, 3, -5.0f);
+  chunk_case<128, 64>(l1, 3, -5.0f); /* the model's head dim */
+  chunk_case<64, 64>(l2, 1, NAN);    /* no lower bound: the softplus gate */
+  chunk_case<32, 64>(l3, 3, -5.0f);
+  chunk_case<128, 32>(l1, 3, -5.0f); /* 32-token chunks */
+  chunk_case<32, 32>(l3, 3, NAN);
   TEST_DONE();
 }

@@ -68,6 +68,7 @@ if [ "$PART" != tests ]; then
   step gpu_decode.q4.noxs 80 env GLM53_GPU_GEMV_XS=0 "$D/gpu_decode" 64 16 q4 45
   step gpu_decode.profile 150 env GLM53_GPU_PROFILE=1 "$D/gpu_decode" 32 8 bf16 45
   step gpu_decode.kprof 120 env GLM53_GPU_GRAPH=0 GLM53_GPU_KPROF=1 "$D/gpu_decode" 32 8 bf16 45
+  step gpu_decode.kprof.kda_chunked 120 env GLM53_GPU_GRAPH=0 GLM53_GPU_KPROF=1 GLM53_KDA_PREFILL=chunked "$D/gpu_decode" 32 8 bf16 45
   step gpu_decode.kprof.q4 90 env GLM53_GPU_GRAPH=0 GLM53_GPU_KPROF=1 "$D/gpu_decode" 64 8 q4 45
   have gpu_batch && step gpu_batch 150 env "$D/gpu_batch"
   have gpu_batch && step gpu_batch.gemm_min4 150 env GLM53_GPU_GEMM_MIN=4 "$D/gpu_batch"

@@ -40,36 +40,52 @@ static int kc_mode(void) {
 }
 /* each instantiation's dynamic shared memory opt-in, once (false: the
  * device cannot give it, e.g. 64 KB of LDS: the token form instead) */
-template <int HD> static bool kc_smem(void) {
+template <int HD, int KC> static bool kc_smem(void) {
   static int ok = -1;
   if (ok < 0) {
-    ok = cudaFuncSetAttribute((const void *)kda_chunk_prep_k<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              (int)(kc_prep_floats<HD>() * sizeof(float))) == cudaSuccess &&
-         cudaFuncSetAttribute((const void *)kda_chunk_pass_k<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              (int)(kc_pass_floats<HD>() * sizeof(float))) == cudaSuccess;
+    ok = cudaFuncSetAttribute((const void *)kda_chunk_prep_k<HD, KC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              (int)(kc_prep_floats<HD, KC>() * sizeof(float))) == cudaSuccess &&
+         cudaFuncSetAttribute((const void *)kda_chunk_pass_k<HD, KC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              (int)(kc_pass_floats<HD, KC>() * sizeof(float))) == cudaSuccess;
     if (!ok) (void)cudaGetLastError();
   }
   return ok;
 }
-static bool kc_hd_ok(int hd) {
+/* tokens per chunk, 64 (default) or 32 (GLM53_GPU_KDA_CHUNK, gk_set_kda_chunk_len):
+ * 32 halves the prep's pair products per token, doubles the pass's steps */
+static int g_kc_len;
+extern "C" void gk_set_kda_chunk_len(int len) { g_kc_len = len == 32 || len == 64 ? len : 0; }
+static int kc_len(void) {
+  if (!g_kc_len) {
+    const char *e = getenv("GLM53_GPU_KDA_CHUNK");
+    g_kc_len = e && atoi(e) == 32 ? 32 : 64;
+  }
+  return g_kc_len;
+}
+template <int KC> static bool kc_hd_ok_c(int hd) {
   switch (hd) {
-  case 32: return kc_smem<32>();
-  case 64: return kc_smem<64>();
-  case 128: return kc_smem<128>();
+  case 32: return kc_smem<32, KC>();
+  case 64: return kc_smem<64, KC>();
+  case 128: return kc_smem<128, KC>();
   default: return false;
   }
 }
+static bool kc_hd_ok(int hd) { return kc_len() == 32 ? kc_hd_ok_c<32>(hd) : kc_hd_ok_c<64>(hd); }
 extern "C" int gk_kda_chunk_use(const gk_batch *b, int hd) { return kc_mode() && b->maxlen >= KC_MIN && kc_hd_ok(hd); }
-extern "C" size_t gk_kda_chunk_work(int T, int H, int hd) { return (size_t)T * H * (KC + hd); }
+/* for either chunk length (64 + hd per token and head at most) */
+extern "C" size_t gk_kda_chunk_work(int T, int H, int hd) { return (size_t)T * H * (64 + hd); }
 
-template <int HD>
-static void kc_launch(const gk_batch *b, float *qkv, float *graw, const float *dt_bias, const float *A_log, float lb,
-                      const float *bl, int T, int H, float *work, float *o) {
+/* two checks: the kernel profile (gk_kprof) times prep and pass apart */
+template <int HD, int KC>
+static int kc_launch(const gk_batch *b, float *qkv, float *graw, const float *dt_bias, const float *A_log, float lb,
+                     const float *bl, int T, int H, float *work, float *o) {
   float *aqk = work, *glb = work + (size_t)T * H * KC;
-  gk_launch(kda_chunk_prep_k<HD>, dim3((b->maxlen + KC - 1) / KC, H, b->nseg), KCT, kc_prep_floats<HD>() * sizeof(float),
+  gk_launch(kda_chunk_prep_k<HD, KC>, dim3((b->maxlen + KC - 1) / KC, H, b->nseg), KCT, kc_prep_floats<HD, KC>() * sizeof(float),
             *b, qkv, graw, dt_bias, A_log, lb, bl, H, aqk, glb);
-  gk_launch(kda_chunk_pass_k<HD>, dim3(H, HD / KCB, b->nseg), KCT, kc_pass_floats<HD>() * sizeof(float), *b,
+  if (GK_LAUNCHED("kda_chunk_prep")) return -1;
+  gk_launch(kda_chunk_pass_k<HD, KC>, dim3(H, HD / KCB, b->nseg), KCT, kc_pass_floats<HD, KC>() * sizeof(float), *b,
             (const float *)qkv, (const float *)graw, (const float *)aqk, (const float *)glb, H, o);
+  return GK_LAUNCHED("kda_chunk_pass");
 }
 extern "C" int gk_kda_chunked(const gk_batch *b, float *qkv, float *graw, const float *dt_bias, const float *A_log,
                               float lower_bound, const float *beta_logit, int T, int H, int hd, float *work, float *o) {
@@ -77,10 +93,13 @@ extern "C" int gk_kda_chunked(const gk_batch *b, float *qkv, float *graw, const 
     return gk_fail("kda_chunked: bad batch (%d segments, longest %d, %d tokens)", b->nseg, b->maxlen, T);
   if (!kc_hd_ok(hd)) return gk_fail("kda_chunked: head dim %d not supported (32, 64, 128 with 90 KB of shared memory)", hd);
   if ((uintptr_t)qkv % 16 || (uintptr_t)graw % 16) return gk_fail("kda_chunked: qkv / gate rows not 16-byte aligned");
+#define KC_CASE(HD)                                                                                      \
+  return kc_len() == 32 ? kc_launch<HD, 32>(b, qkv, graw, dt_bias, A_log, lower_bound, beta_logit, T, H, work, o) \
+                        : kc_launch<HD, 64>(b, qkv, graw, dt_bias, A_log, lower_bound, beta_logit, T, H, work, o)
   switch (hd) {
-  case 32: kc_launch<32>(b, qkv, graw, dt_bias, A_log, lower_bound, beta_logit, T, H, work, o); break;
-  case 64: kc_launch<64>(b, qkv, graw, dt_bias, A_log, lower_bound, beta_logit, T, H, work, o); break;
-  default: kc_launch<128>(b, qkv, graw, dt_bias, A_log, lower_bound, beta_logit, T, H, work, o); break;
+  case 32: KC_CASE(32);
+  case 64: KC_CASE(64);
+  default: KC_CASE(128);
   }
-  return GK_LAUNCHED("kda_chunked");
+#undef KC_CASE
 }

@@ -5,16 +5,15 @@
  * GK_PDL_BEGIN. */
 #ifndef GLM53_GPU_GK_KDA_CHUNK_CUH
 #define GLM53_GPU_GK_KDA_CHUNK_CUH
-#define KC 64   /* tokens per chunk */
 #define KCB 32  /* value columns per block of the pass */
 #define KCT 256 /* threads per block */
 #define KC_MIN 64 /* chunked from this longest segment on (gk_kda_chunk_use) */
 
-template <int HD> __host__ __device__ constexpr size_t kc_prep_floats() { return 2 * KC * HD + KC * KC + KC; }
-/* the pass's first buffer holds W [KC][HD], then Aqk [KC][KC] */
-template <int HD> __host__ __device__ constexpr int kc_abuf() { return KC * (HD > KC ? HD : KC); }
-template <int HD> __host__ __device__ constexpr size_t kc_pass_floats() {
-  return HD * KCB + kc_abuf<HD>() + KC * HD + KC * KCB + HD;
+template <int HD, int KC> __host__ __device__ constexpr size_t kc_prep_floats() { return 2 * KC * HD + KC * KC + KC; }
+/* KC: tokens per chunk (32 or 64, a multiple of 16). The pass's first buffer holds W [KC][HD], then Aqk [KC][KC] */
+template <int HD, int KC> __host__ __device__ constexpr int kc_abuf() { return KC * (HD > KC ? HD : KC); }
+template <int HD, int KC> __host__ __device__ constexpr size_t kc_pass_floats() {
+  return HD * KCB + kc_abuf<HD, KC>() + KC * HD + KC * KCB + HD;
 }
 
 __device__ __forceinline__ float kc_warp_sum(float v) {
@@ -23,7 +22,7 @@ __device__ __forceinline__ float kc_warp_sum(float v) {
   return v;
 }
 
-template <int HD>
+template <int HD, int KC>
 __global__ void __launch_bounds__(KCT, 2) kda_chunk_prep_k(gk_batch b, float *qkv, float *graw, const float *dt_bias,
                                                             const float *A_log, float lb, const float *bl, int H,
                                                             float *aqk, float *glb) {
@@ -149,14 +148,14 @@ __global__ void __launch_bounds__(KCT, 2) kda_chunk_prep_k(gk_batch b, float *qk
 /* One block per (head, 32 value columns, segment), chunks in order. The
  * state slice S[:, c0 + lane] lives in registers (rows grp * SI + m) and in
  * shared memory for the products that read it by column. */
-template <int HD>
+template <int HD, int KC>
 __global__ void __launch_bounds__(KCT) kda_chunk_pass_k(gk_batch b, const float *qkv, const float *wg, const float *aqk,
                                                          const float *glb, int H, float *o) {
   GK_PDL_BEGIN();
   extern __shared__ __align__(16) float kc_sh[];
   float *Ss = kc_sh;           /* [HD][KCB] */
   float *As = Ss + HD * KCB;   /* [KC][HD]: W, then Aqk [KC][KC] */
-  float *Bs = As + kc_abuf<HD>(); /* [KC][HD]: qg, then kd */
+  float *Bs = As + kc_abuf<HD, KC>(); /* [KC][HD]: qg, then kd */
   float *Vs = Bs + KC * HD;    /* [KC][KCB]: V' */
   float *gls = Vs + KC * KCB;  /* [HD] */
   constexpr int SI = HD / (KCT / 32), RM = KC / (KCT / 32), H4 = HD / 4;
