@@ -303,8 +303,10 @@ int main(int argc, char **argv) {
     glm53_session_reset(s);
     run(s, tok, NP, ref);
     gk_set_kda_chunked(1);
-    for (int len = 64; len >= 32; len -= 32) {
+    for (int v = 0; v < 3; v++) { /* 64-token chunks factorised, exact; 32 factorised */
+      const int len = v < 2 ? 64 : 32;
       gk_set_kda_chunk_len(len);
+      gk_set_kda_pairs(v != 1);
       for (int i = 0; i < 4; i++) {
         glm53_session_reset(s);
         double ms = run(s, tok, NP, alt);
@@ -314,11 +316,12 @@ int main(int argc, char **argv) {
       double mx = 0, d = 0;
       for (int i = 0; i < V; i++) mx = fmax(mx, fabs(ref[i])), d = fmax(d, fabs((double)alt[i] - ref[i]));
       pms = median3(pr);
-      printf("prefill %d tokens, KDA recurrence chunked (GLM53_KDA_PREFILL=chunked, %d-token chunks, median of 3): "
-             "%.1f ms = %.0f tok/s; last-token logits max |diff| %.3g (largest %.3g)\n",
-             NP, len, pms, NP / (pms * 1e-3), d, mx);
+      printf("prefill %d tokens, KDA recurrence chunked (GLM53_KDA_PREFILL=chunked, %d-token chunks, %s pairs, median "
+             "of 3): %.1f ms = %.0f tok/s; last-token logits max |diff| %.3g (largest %.3g)\n",
+             NP, len, v == 1 ? "exact" : "factorised", pms, NP / (pms * 1e-3), d, mx);
     }
     gk_set_kda_chunk_len(0);
+    gk_set_kda_pairs(-1);
     gk_set_kda_chunked(-1);
     free(ref);
     free(alt);

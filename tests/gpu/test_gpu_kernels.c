@@ -372,7 +372,7 @@ static void kda_gated_case(float lb, int T) {
  * L2-normalised per head as in the model (an unnormalised delta rule
  * diverges, and so would any two roundings of it). Output and final states
  * within 1e-4 of the largest value (fp32 both; ~1e-6 expected). */
-static void kda_chunk_case(int hd, const int *lens, int nseg, float lb) {
+static void kda_chunk_case(int hd, const int *lens, int nseg, float lb, float gshift) {
   const int H = 3, inner = H * hd, ch = 3 * inner;
   int T = 0, maxlen = 0;
   for (int z = 0; z < nseg; z++) T += lens[z], maxlen = lens[z] > maxlen ? lens[z] : maxlen;
@@ -387,7 +387,7 @@ static void kda_chunk_case(int hd, const int *lens, int nseg, float lb) {
         for (int i = 0; i < hd; i++) v[i] *= sc;
       }
   float *qkv1 = dcopy(hq, (size_t)T * ch * 4), *qkv2 = dcopy(hq, (size_t)T * ch * 4), *hg = NULL, *hb = NULL, *hs = NULL;
-  float *g1 = dvec((size_t)T * inner, -3, 3, &hg), *g2 = dcopy(hg, (size_t)T * inner * 4);
+  float *g1 = dvec((size_t)T * inner, gshift - 3, gshift + 3, &hg), *g2 = dcopy(hg, (size_t)T * inner * 4);
   float *bl1 = dvec((size_t)T * H, -2, 2, &hb), *bl2 = dcopy(hb, (size_t)T * H * 4);
   float *dtb = dvec(inner, -0.5f, 0.5f, NULL), *Al = dvec(H, -0.5f, 0.5f, NULL);
   const size_t ns = (size_t)H * hd * hd;
@@ -427,7 +427,7 @@ static void kda_chunk_case(int hd, const int *lens, int nseg, float lb) {
     es = rel(s2, s1, ns * nseg);
   }
   char nm[96];
-  int k = snprintf(nm, sizeof nm, "hd %d, lb %g, segments", hd, lb);
+  int k = snprintf(nm, sizeof nm, "hd %d, lb %g%s, segments", hd, lb, gshift ? " (gates at the bound)" : "");
   for (int z = 0; z < nseg && k < (int)sizeof nm - 8; z++) k += snprintf(nm + k, sizeof nm - k, " %d", lens[z]);
   CHECK(eo <= 1e-4 && es <= 1e-4, "kda chunked (%s): output err %.3g, state err %.3g > 1e-4", nm, eo, es);
   printf("kda chunked form vs token recurrence (%s): output err %.3g, state err %.3g (tol 1e-4)\n", nm, eo, es);
@@ -1054,15 +1054,19 @@ int main(void) {
   gk_set_kda_cpw(0);
   {
     static const int l1[] = {200, 64, 1, 130}, l2[] = {150}, l3[] = {97, 65, 3};
-    for (int len = 64; len >= 32; len -= 32) { /* tokens per chunk */
+    for (int v = 0; v < 4; v++) { /* 64- and 32-token chunks, factorised and exact pair products */
+      const int len = v < 2 ? 64 : 32;
       gk_set_kda_chunk_len(len);
-      printf("kda chunked form, %d-token chunks:\n", len);
-      kda_chunk_case(128, l1, 4, -5.0f); /* the model's head dim */
-      kda_chunk_case(64, l2, 1, NAN);    /* no lower bound: the softplus gate */
-      kda_chunk_case(32, l3, 3, -5.0f);
-      kda_chunk_case(128, l3 + 2, 1, -5.0f); /* too short: the token form is kept */
+      gk_set_kda_pairs(v % 2 == 0);
+      printf("kda chunked form, %d-token chunks, %s pair products:\n", len, v % 2 ? "exact" : "factorised (bounded gates)");
+      kda_chunk_case(128, l1, 4, -5.0f, 0); /* the model's head dim */
+      kda_chunk_case(64, l2, 1, NAN, 0);    /* no lower bound: the softplus gate */
+      kda_chunk_case(32, l3, 3, -5.0f, 0);
+      kda_chunk_case(128, l3 + 2, 1, -5.0f, 0); /* too short: the token form is kept */
+      kda_chunk_case(64, l2, 1, -5.3f, 30); /* the factorised diagonal at exp(79.5) */
     }
     gk_set_kda_chunk_len(0);
+    gk_set_kda_pairs(-1);
   }
   kda_conv_prep_case(3, 1, 4, 64, 4);  /* decode: one launch, states written by it */
   kda_conv_prep_case(2, 3, 3, 40, 4);  /* short segments, still one launch */

@@ -3,7 +3,7 @@
  * CPU token recurrence (kda_step, double accumulation): segments of several
  * lengths in one launch (full chunks, partial chunks, one token), each
  * through its own random state, head dims 32/64/128, chunks of 64 and 32
- * tokens, the lower-bounded
+ * tokens, exact and factorised pair products, the lower-bounded
  * gate and the softplus one. q and k are L2-normalised per head as in the
  * model. Output and final states within 1e-4 of the largest value. So the
  * kernels' indexing and the chunked math are checked on every CI run; the
@@ -35,7 +35,7 @@ static double rel(const float *got, const float *ref, size_t n) {
   return d / fmax(mx, 1e-30);
 }
 
-template <int HD, int KC> static void chunk_case(const int *lens, int nseg, float lb) {
+template <int HD, int KC, bool FACT> static void chunk_case(const int *lens, int nseg, float lb, float gshift = 0) {
   const int H = 2, inner = H * HD, ch = 3 * inner;
   int T = 0, maxlen = 0;
   for (int z = 0; z < nseg; z++) T += lens[z], maxlen = std::max(maxlen, lens[z]);
@@ -49,7 +49,7 @@ template <int HD, int KC> static void chunk_case(const int *lens, int nseg, floa
         const float sc = part == 2 ? 1.0f : (float)(1.0 / sqrt(ss + 1e-6)) * (part == 0 ? 1.0f / sqrtf((float)HD) : 1.0f);
         for (int i = 0; i < HD; i++) v[i] *= sc;
       }
-  for (auto &x : graw) x = 3 * rf();
+  for (auto &x : graw) x = 3 * rf() + gshift; /* gshift 30: every gate at its bound */
   for (auto &x : bl) x = 2 * rf();
   for (auto &x : dtb) x = 0.5f * rf();
   for (auto &x : Al) x = 0.5f * rf();
@@ -92,10 +92,10 @@ template <int HD, int KC> static void chunk_case(const int *lens, int nseg, floa
   b.layer = 0;
   std::vector<float> work((size_t)T * H * (KC + HD));
   float *aqk = work.data(), *glb = aqk + (size_t)T * H * KC;
-  const size_t need = std::max(kc_prep_floats<HD, KC>(), kc_pass_floats<HD, KC>());
+  const size_t need = std::max(kc_prep_floats<HD, KC, FACT>(), kc_pass_floats<HD, KC>());
   CHECK(need <= sizeof kc_sh / sizeof *kc_sh, "shared memory of the emulation too small");
   bool ok = emu_launch(dim3((maxlen + KC - 1) / KC, H, nseg), dim3(KCT), [&] {
-    kda_chunk_prep_k<HD, KC>(b, qkv.data(), graw.data(), dtb.data(), Al.data(), lb, bl.data(), H, aqk, glb);
+    kda_chunk_prep_k<HD, KC, FACT>(b, qkv.data(), graw.data(), dtb.data(), Al.data(), lb, bl.data(), H, aqk, glb);
   });
   ok = ok && emu_launch(dim3(H, HD / KCB, nseg), dim3(KCT), [&] {
     kda_chunk_pass_k<HD, KC>(b, qkv.data(), graw.data(), aqk, glb, H, o.data());
@@ -103,7 +103,8 @@ template <int HD, int KC> static void chunk_case(const int *lens, int nseg, floa
   CHECK(ok, "hd %d: the emulated kernels deadlocked", HD);
   const double eo = rel(o.data(), oref.data(), o.size()), es = rel(S.data(), Sref.data(), S.size());
   char nm[96];
-  int k = snprintf(nm, sizeof nm, "hd %d, chunk %d, lb %g, segments", HD, KC, lb);
+  int k = snprintf(nm, sizeof nm, "hd %d, chunk %d, %s pairs, lb %g%s, segments", HD, KC, FACT ? "factorised" : "exact", lb,
+                 gshift ? " (gates at the bound)" : "");
   for (int z = 0; z < nseg && k < (int)sizeof nm - 8; z++) k += snprintf(nm + k, sizeof nm - k, " %d", lens[z]);
   CHECK(eo <= 1e-4 && es <= 1e-4, "%s: output err %.3g, state err %.3g > 1e-4", nm, eo, es);
   printf("kda chunked kernels (emulated) vs CPU token recurrence (%s): output err %.3g, state err %.3g (tol 1e-4)\n", nm, eo,
@@ -139,10 +140,17 @@ static void emu_selfcheck() {
 int main() {
   emu_selfcheck();
   static const int l1[] = {130, 1, 64}, l2[] = {150}, l3[] = {97, 65, 3};
-  chunk_case<128, 64>(l1, 3, -5.0f); /* the model's head dim */
-  chunk_case<64, 64>(l2, 1, NAN);    /* no lower bound: the softplus gate */
-  chunk_case<32, 64>(l3, 3, -5.0f);
-  chunk_case<128, 32>(l1, 3, -5.0f); /* 32-token chunks */
-  chunk_case<32, 32>(l3, 3, NAN);
+  chunk_case<128, 64, false>(l1, 3, -5.0f); /* the model's head dim */
+  chunk_case<64, 64, false>(l2, 1, NAN);    /* no lower bound: the softplus gate */
+  chunk_case<32, 64, false>(l3, 3, -5.0f);
+  chunk_case<128, 32, false>(l1, 3, -5.0f); /* 32-token chunks */
+  chunk_case<32, 32, false>(l3, 3, NAN);
+  /* the factorised pair products (bounded gates only): the model's bound,
+   * the largest the host allows, 32-token chunks */
+  chunk_case<128, 64, true>(l1, 3, -5.0f);
+  chunk_case<64, 64, true>(l2, 1, -5.3f);
+  chunk_case<32, 32, true>(l3, 3, -5.0f);
+  chunk_case<64, 64, true>(l2, 1, -5.3f, 30.0f); /* the diagonal factor at exp(79.5) */
+  chunk_case<64, 64, false>(l2, 1, -5.3f, 30.0f);
   TEST_DONE();
 }

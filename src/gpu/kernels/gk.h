@@ -252,6 +252,9 @@ int gk_kda_recur_gated(const gk_batch *b, const float *qkv, float *graw, const f
  * gk_kda_chunk_work(T, H, hd) floats of work (at most 3 * H * hd * T). */
 void gk_set_kda_chunked(int on);
 void gk_set_kda_chunk_len(int len); /* 64 (default) or 32 tokens per chunk; 0: GLM53_GPU_KDA_CHUNK */
+/* the prep's pair products: 1 factorised by 16-token blocks (default, for
+ * lower bounds down to -5.3), 0 exact per pair; -1: GLM53_GPU_KDA_PAIRS */
+void gk_set_kda_pairs(int fact);
 int gk_kda_chunk_use(const gk_batch *b, int hd);
 size_t gk_kda_chunk_work(int T, int H, int hd);
 int gk_kda_chunked(const gk_batch *b, float *qkv, float *graw, const float *dt_bias, const float *A_log,

@@ -43,13 +43,28 @@ static int kc_mode(void) {
 template <int HD, int KC> static bool kc_smem(void) {
   static int ok = -1;
   if (ok < 0) {
-    ok = cudaFuncSetAttribute((const void *)kda_chunk_prep_k<HD, KC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              (int)(kc_prep_floats<HD, KC>() * sizeof(float))) == cudaSuccess &&
-         cudaFuncSetAttribute((const void *)kda_chunk_pass_k<HD, KC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    const cudaFuncAttribute a = cudaFuncAttributeMaxDynamicSharedMemorySize;
+    ok = cudaFuncSetAttribute((const void *)kda_chunk_prep_k<HD, KC, false>, a,
+                              (int)(kc_prep_floats<HD, KC, false>() * sizeof(float))) == cudaSuccess &&
+         cudaFuncSetAttribute((const void *)kda_chunk_prep_k<HD, KC, true>, a,
+                              (int)(kc_prep_floats<HD, KC, true>() * sizeof(float))) == cudaSuccess &&
+         cudaFuncSetAttribute((const void *)kda_chunk_pass_k<HD, KC>, a,
                               (int)(kc_pass_floats<HD, KC>() * sizeof(float))) == cudaSuccess;
     if (!ok) (void)cudaGetLastError();
   }
   return ok;
+}
+/* the prep's pair products: factorised (default where the gate's lower
+ * bound allows) or one exponential per pair and channel
+ * (GLM53_GPU_KDA_PAIRS=exact, gk_set_kda_pairs(0)) */
+static int g_kc_fact = -1;
+extern "C" void gk_set_kda_pairs(int fact) { g_kc_fact = fact < 0 ? -1 : !!fact; }
+static bool kc_fact(float lb) {
+  if (g_kc_fact < 0) {
+    const char *e = getenv("GLM53_GPU_KDA_PAIRS");
+    g_kc_fact = !(e && !strcmp(e, "exact"));
+  }
+  return g_kc_fact && lb >= -KC_FACT_LB && lb <= 0.f; /* false for NaN (no bound) */
 }
 /* tokens per chunk, 64 (default) or 32 (GLM53_GPU_KDA_CHUNK, gk_set_kda_chunk_len):
  * 32 halves the prep's pair products per token, doubles the pass's steps */
@@ -80,8 +95,13 @@ template <int HD, int KC>
 static int kc_launch(const gk_batch *b, float *qkv, float *graw, const float *dt_bias, const float *A_log, float lb,
                      const float *bl, int T, int H, float *work, float *o) {
   float *aqk = work, *glb = work + (size_t)T * H * KC;
-  gk_launch(kda_chunk_prep_k<HD, KC>, dim3((b->maxlen + KC - 1) / KC, H, b->nseg), KCT, kc_prep_floats<HD, KC>() * sizeof(float),
-            *b, qkv, graw, dt_bias, A_log, lb, bl, H, aqk, glb);
+  const dim3 grid((b->maxlen + KC - 1) / KC, H, b->nseg);
+  if (kc_fact(lb))
+    gk_launch(kda_chunk_prep_k<HD, KC, true>, grid, KCT, kc_prep_floats<HD, KC, true>() * sizeof(float), *b, qkv, graw,
+              dt_bias, A_log, lb, bl, H, aqk, glb);
+  else
+    gk_launch(kda_chunk_prep_k<HD, KC, false>, grid, KCT, kc_prep_floats<HD, KC, false>() * sizeof(float), *b, qkv, graw,
+              dt_bias, A_log, lb, bl, H, aqk, glb);
   if (GK_LAUNCHED("kda_chunk_prep")) return -1;
   gk_launch(kda_chunk_pass_k<HD, KC>, dim3(H, HD / KCB, b->nseg), KCT, kc_pass_floats<HD, KC>() * sizeof(float), *b,
             (const float *)qkv, (const float *)graw, (const float *)aqk, (const float *)glb, H, o);

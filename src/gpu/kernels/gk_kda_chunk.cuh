@@ -9,7 +9,14 @@
 #define KCT 256 /* threads per block */
 #define KC_MIN 64 /* chunked from this longest segment on (gk_kda_chunk_use) */
 
-template <int HD, int KC> __host__ __device__ constexpr size_t kc_prep_floats() { return 2 * KC * HD + KC * KC + KC; }
+/* FACT: the pair products through the 16-token factorised decay (below);
+ * its three 16-row tiles with rows padded to HD + 4 floats */
+#define KC_LP(HD) ((HD) + 4)
+template <int HD, int KC, bool FACT> __host__ __device__ constexpr size_t kc_prep_floats() {
+  return 2 * KC * HD + KC * KC + KC + (FACT ? 48 * KC_LP(HD) : 0);
+}
+/* largest |lower bound| for FACT: 15 tokens of decay stay below e^80 */
+#define KC_FACT_LB 5.3f
 /* KC: tokens per chunk (32 or 64, a multiple of 16). The pass's first buffer holds W [KC][HD], then Aqk [KC][KC] */
 template <int HD, int KC> __host__ __device__ constexpr int kc_abuf() { return KC * (HD > KC ? HD : KC); }
 template <int HD, int KC> __host__ __device__ constexpr size_t kc_pass_floats() {
@@ -22,7 +29,7 @@ __device__ __forceinline__ float kc_warp_sum(float v) {
   return v;
 }
 
-template <int HD, int KC>
+template <int HD, int KC, bool FACT>
 __global__ void __launch_bounds__(KCT, 2) kda_chunk_prep_k(gk_batch b, float *qkv, float *graw, const float *dt_bias,
                                                             const float *A_log, float lb, const float *bl, int H,
                                                             float *aqk, float *glb) {
@@ -58,10 +65,59 @@ __global__ void __launch_bounds__(KCT, 2) kda_chunk_prep_k(gk_batch b, float *qk
     }
   }
   __syncthreads();
+  if (FACT) {
+    /* 1'. pair products by 16-row blocks. For rows r of block B (first row
+     * p) and columns s <= r: exp(G_r - G_s) = exp(G_r - G_p) exp(G_p - G_s),
+     * so M and Aqk of the tile (B, S) are products of Kf = k exp(G - G_p),
+     * Qf = q exp(G - G_p) (rows of B) and Kb = k exp(G_p - G) (rows of S):
+     * O(KC HD) exponentials instead of one per pair and channel. Off the
+     * diagonal both factors are <= 1; on it Kb reaches exp(15 |lb|) (the
+     * host's KC_FACT_LB keeps that finite). */
+    constexpr int LP = KC_LP(HD);
+    float *Kf = bs + KC, *Qf = Kf + 16 * LP, *Kb = Qf + 16 * LP;
+    const int rl = tid >> 4, sl = tid & 15;
+    for (int p = 0; p < n; p += 16) {
+      const int r = p + rl;
+      __syncthreads(); /* the previous block's tiles are consumed */
+      for (int e = tid; e < 16 * HD; e += KCT) {
+        const int u = e / HD, i = e % HD, rr = p + u;
+        float kf = 0.f, qf = 0.f;
+        if (rr < n) {
+          const float d = expf(Gs[rr * HD + i] - Gs[p * HD + i]);
+          kf = ks[rr * HD + i] * d;
+          qf = qkv[((size_t)tb + rr) * rs + h * HD + i] * d;
+        }
+        Kf[u * LP + i] = kf;
+        Qf[u * LP + i] = qf;
+      }
+      for (int s0 = 0; s0 <= p; s0 += 16) {
+        if (s0) __syncthreads(); /* the previous Kb is consumed */
+        for (int e = tid; e < 16 * HD; e += KCT) {
+          const int u = e / HD, i = e % HD, ss = s0 + u;
+          Kb[u * LP + i] = ss < n ? ks[ss * HD + i] * expf(Gs[p * HD + i] - Gs[ss * HD + i]) : 0.f;
+        }
+        __syncthreads();
+        float mk = 0.f, aq = 0.f;
+        const float4 *kf4 = (const float4 *)(Kf + rl * LP), *qf4 = (const float4 *)(Qf + rl * LP),
+                     *kb4 = (const float4 *)(Kb + sl * LP);
+#pragma unroll 8
+        for (int i4 = 0; i4 < HD / 4; i4++) {
+          const float4 a = kf4[i4], q = qf4[i4], k = kb4[i4];
+          mk = fmaf(a.x, k.x, fmaf(a.y, k.y, fmaf(a.z, k.z, fmaf(a.w, k.w, mk))));
+          aq = fmaf(q.x, k.x, fmaf(q.y, k.y, fmaf(q.z, k.z, fmaf(q.w, k.w, aq))));
+        }
+        const int s = s0 + sl;
+        if (r < n && s <= r) {
+          if (s < r) MT[s * KC + r] = bs[r] * mk;
+          aqk[(((size_t)tb + r) * H + h) * KC + s] = aq;
+        }
+      }
+    }
+  }
   /* 1. pair products: warp w owns rows r = w, w + 8, ...; lane l channels l + 32 m */
   constexpr int MM = HD / 32;
   const int w = tid >> 5, lane = tid & 31;
-  for (int r = w; r < n; r += KCT / 32) {
+  for (int r = w; r < (FACT ? 0 : n); r += KCT / 32) {
     float kr[MM], gr[MM], qr[MM];
     const size_t t = (size_t)tb + r;
 #pragma unroll

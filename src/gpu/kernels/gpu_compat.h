@@ -52,6 +52,7 @@
 #define cudaEventDestroy hipEventDestroy
 #define cudaMemGetInfo hipMemGetInfo
 #define cudaFuncSetAttribute hipFuncSetAttribute
+#define cudaFuncAttribute hipFuncAttribute
 #define cudaFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
 #define __nv_bfloat16 hip_bfloat16
 #define cublasHandle_t hipblasHandle_t
