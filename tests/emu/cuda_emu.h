@@ -2,8 +2,8 @@
  * machines without a GPU (CI): the threads of a block run as fibers
  * (ucontext) on one OS thread; __syncthreads waits for the whole block,
  * __shfl_xor_sync for the 32 lanes of the warp; blocks run one after
- * another. It covers what the emulated kernels use (dim3 indices, dynamic
- * shared memory as the includer's global array, float4, xor shuffles) and
+ * another. It covers what the emulated kernels use (dim3 indices, static
+ * and dynamic shared memory, float4, xor shuffles, __syncwarp) and
  * reports a deadlock (a barrier some threads never reach) instead of
  * hanging. Not a timing model; memory is host memory. C++ (templates of
  * the kernels), one translation unit per test. */
@@ -30,8 +30,11 @@
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-#define __shared__
+#define __shared__ static /* a block's static shared arrays: blocks run one at a time */
 #define __align__(n) __attribute__((aligned(n)))
+/* dynamic shared memory: one host buffer for the block that runs */
+alignas(16) static float emu_smem_buf[256 * 1024 / sizeof(float)];
+#define GK_DYN_SMEM(T, name) T *name = (T *)emu_smem_buf
 #define GK_PDL_BEGIN() do { } while (0)
 using std::isnan;
 using std::max;
@@ -198,6 +201,12 @@ static inline float __shfl_xor_sync(unsigned mask, float v, int o) {
   return emu::g.slot[par][w0 + (lane ^ o)];
 }
 static inline void __syncthreads() { emu::yield(emu::BLOCK_WAIT); }
+/* the calling warp's 32 lanes (a shuffle without data) */
+static inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  (void)mask;
+  emu::yield(emu::WARP_WAIT);
+  emu::g.cur->wgen++;
+}
 
 /* Run body (a call of the kernel with its arguments) on every block of the
  * grid, blocks in order. Returns false (and says which block) on a

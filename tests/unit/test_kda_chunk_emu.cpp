@@ -16,8 +16,7 @@ extern "C" {
 #include "test_util.h"
 #include <string.h>
 
-alignas(16) float kc_sh[1 << 16]; /* the blocks' dynamic shared memory */
-#include "gpu/kernels/gk_scalar.cuh"
+#include "gpu/kernels/gk_device.cuh"
 #include "gpu/kernels/gk_kda_chunk.cuh"
 
 static uint64_t g_s = 0x9e3779b97f4a7c15ull;
@@ -93,7 +92,7 @@ template <int HD, int KC, bool FACT> static void chunk_case(const int *lens, int
   std::vector<float> work((size_t)T * H * (KC + HD));
   float *aqk = work.data(), *glb = aqk + (size_t)T * H * KC;
   const size_t need = std::max(kc_prep_floats<HD, KC, FACT>(), kc_pass_floats<HD, KC>());
-  CHECK(need <= sizeof kc_sh / sizeof *kc_sh, "shared memory of the emulation too small");
+  CHECK(need <= sizeof emu_smem_buf / sizeof *emu_smem_buf, "shared memory of the emulation too small");
   bool ok = emu_launch(dim3((maxlen + KC - 1) / KC, H, nseg), dim3(KCT), [&] {
     kda_chunk_prep_k<HD, KC, FACT>(b, qkv.data(), graw.data(), dtb.data(), Al.data(), lb, bl.data(), H, aqk, glb);
   });
@@ -118,9 +117,9 @@ static void emu_selfcheck() {
   std::vector<float> out(256);
   bool ok = emu_launch(dim3(2), dim3(256), [&] {
     const int t = threadIdx.x;
-    kc_sh[t] = (float)(t + blockIdx.x);
+    emu_smem_buf[t] = (float)(t + blockIdx.x);
     __syncthreads();
-    const float v = kc_warp_sum(kc_sh[255 - t]); /* another warp's writes */
+    const float v = warp_sum(emu_smem_buf[255 - t]); /* another warp's writes */
     if (blockIdx.x == 1) out[t] = v;
   });
   bool sums = ok;
@@ -132,7 +131,7 @@ static void emu_selfcheck() {
   fprintf(stderr, "(a deadlock report follows, on purpose)\n");
   const bool dead = !emu_launch(dim3(1), dim3(64), [&] {
     if (threadIdx.x == 37) return;
-    (void)kc_warp_sum(1.0f);
+    (void)warp_sum(1.0f);
   });
   CHECK(dead, "emulator: a shuffle that lane 5 of warp 1 never reaches is not reported");
 }

@@ -208,35 +208,13 @@ template <int FMT> __device__ __forceinline__ void wl8(const gpu_mat &W, size_t 
   }
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-/* block-wide sum (blockDim.x a multiple of 32, <= 1024), same order every time;
- * every thread gets the result. sh: 32 floats of shared memory. */
-__device__ __forceinline__ float block_sum(float v, float *sh) {
-  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  v = warp_sum(v);
-  __syncthreads();
-  if (lane == 0) sh[w] = v;
-  __syncthreads();
-  float t = 0;
-  for (int i = 0; i < nw; i++) t += sh[i];
-  return t;
-}
 /* fp32 -> bf16 bits, round to nearest even (__float2bfloat16's result) */
 __device__ __forceinline__ uint32_t bf16_bits(float f) {
   const uint32_t u = __float_as_uint(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u; /* NaN */
   return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
 }
-#include "gk_scalar.cuh" /* sigm, kda_gate1 */
+#include "gk_device.cuh" /* sigm, kda_gate1, warp/block sums, paged rows, MLA selections */
 /* clamped SwiGLU (ops.h swiglu_clamped): the MLP kernels and the fused
  * gate+up GEMV give the same bits */
 __device__ __forceinline__ float swiglu1(float a, float b, float limit) {
@@ -245,44 +223,6 @@ __device__ __forceinline__ float swiglu1(float a, float b, float limit) {
     b = fminf(fmaxf(b, -limit), limit);
   }
   return a / (1.0f + expf(-a)) * b;
-}
-
-/* row `row` of the paged state `which` (gk.h gk_lstate) */
-__device__ __forceinline__ float *gk_prow(const gk_lstate &st, int which, int row, int stride) {
-  return st.pg[which][row >> st.pshift] + (size_t)(row & ((1 << st.pshift) - 1)) * stride;
-}
-
-/* A query's DSA selection as select_k writes it (dense flag isd, np pools
- * pl[], tail start tb) at position pos: how many latent rows it attends
- * over, and the position of its s-th row (the pools' tokens in selection
- * order, then the tail). Shared by every MLA attention core. */
-__device__ __forceinline__ int sel_count(int isd, int np, int tb, int pos, int P) {
-  return isd ? pos + 1 : np * P + max(0, pos - tb + 1);
-}
-__device__ __forceinline__ int sel_row(int isd, int np, int tb, const int *pl, int P, int s) {
-  return isd ? s : (s < np * P ? pl[s / P] * P + s % P : tb + s - np * P);
-}
-/* flash-decoding split of a selection of N rows: rows per part, the
- * smallest multiple of `chunk` (the core's tile) with at most MLA_PARTS
- * parts (so a short context spreads over many small parts instead of a
- * few long ones); the parts from ceil(N / rows) on are empty. It depends on
- * N and chunk only, so a token's rows split alike in decode steps, short
- * prefill chunks and batches of sessions of any context bound, as long as
- * the launch has the nsplit of gk_mla_nsplit (a smaller one gets longer
- * parts instead of losing rows). */
-#define MLA_PARTS 32
-__device__ __forceinline__ int split_rows(int N, int chunk, int nsplit) {
-  const int r = (N + MLA_PARTS - 1) / MLA_PARTS, rn = (N + nsplit - 1) / nsplit;
-  return (max(r, rn) + chunk - 1) / chunk * chunk;
-}
-__device__ __forceinline__ int split_used(int N, int rows) { return rows > 0 ? (N + rows - 1) / rows : 0; }
-/* the rows [s0, s1) of part sp (chunk <= 0: one part of every row); false
- * for an empty part past the first (its block returns, the merge skips it) */
-__device__ __forceinline__ bool split_part(int N, int chunk, int nsplit, int sp, int *s0, int *s1) {
-  const int rows = chunk > 0 ? split_rows(N, chunk, nsplit) : N;
-  *s0 = sp * rows;
-  *s1 = min(N, *s0 + rows);
-  return sp == 0 || sp < split_used(N, rows);
 }
 
 #endif

@@ -1,8 +1,7 @@
 /* The kernels of the chunked KDA prefill form (gk_kda_chunk.cu has the
  * math and the host side). Apart so that tests/unit/test_kda_chunk_emu.cpp
  * can run them on the host through tests/emu/cuda_emu.h: the includer
- * provides gk.h's types, gk_scalar.cuh, float4, __shfl_xor_sync and
- * GK_PDL_BEGIN. */
+ * provides gk_device.cuh, float4, __shfl_xor_sync and GK_PDL_BEGIN. */
 #ifndef GLM53_GPU_GK_KDA_CHUNK_CUH
 #define GLM53_GPU_GK_KDA_CHUNK_CUH
 #define KCB 32  /* value columns per block of the pass */
@@ -23,18 +22,13 @@ template <int HD, int KC> __host__ __device__ constexpr size_t kc_pass_floats() 
   return HD * KCB + kc_abuf<HD, KC>() + KC * HD + KC * KCB + HD;
 }
 
-__device__ __forceinline__ float kc_warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 template <int HD, int KC, bool FACT>
 __global__ void __launch_bounds__(KCT, 2) kda_chunk_prep_k(gk_batch b, float *qkv, float *graw, const float *dt_bias,
                                                             const float *A_log, float lb, const float *bl, int H,
                                                             float *aqk, float *glb) {
   GK_PDL_BEGIN();
-  extern __shared__ __align__(16) float kc_sh[];
+  GK_DYN_SMEM(float, kc_sh);
   /* Gs / ks become the right-hand sides (and solutions) Xu / Xw of step 3;
    * MT is M transposed (MT[s][r] = M[r][s], zero where unset) */
   float *Gs = kc_sh, *ks = Gs + KC * HD, *MT = ks + KC * HD, *bs = MT + KC * KC;
@@ -137,8 +131,8 @@ __global__ void __launch_bounds__(KCT, 2) kda_chunk_prep_k(gk_batch b, float *qk
         mk += kr[m] * kk;
         aq += qr[m] * kk;
       }
-      mk = kc_warp_sum(mk);
-      aq = kc_warp_sum(aq);
+      mk = warp_sum(mk);
+      aq = warp_sum(aq);
       if (lane == 0) {
         if (s < r) MT[s * KC + r] = bs[r] * mk;
         arow[s] = aq;
@@ -208,7 +202,7 @@ template <int HD, int KC>
 __global__ void __launch_bounds__(KCT) kda_chunk_pass_k(gk_batch b, const float *qkv, const float *wg, const float *aqk,
                                                          const float *glb, int H, float *o) {
   GK_PDL_BEGIN();
-  extern __shared__ __align__(16) float kc_sh[];
+  GK_DYN_SMEM(float, kc_sh);
   float *Ss = kc_sh;           /* [HD][KCB] */
   float *As = Ss + HD * KCB;   /* [KC][HD]: W, then Aqk [KC][KC] */
   float *Bs = As + kc_abuf<HD, KC>(); /* [KC][HD]: qg, then kd */
