@@ -508,6 +508,16 @@ static int paged(gsession *s, int l, int which, int width, int max_rows) {
   return 0;
 }
 
+static int session_pages(glm53_session *ss, int rows);
+/* positions whose cache pages a new session takes at once:
+ * GLM53_GPU_PAGE_RESERVE (tokens; 0: pages only as positions are
+ * written), default the whole context */
+static int page_reserve(int max_ctx) {
+  const char *e = getenv("GLM53_GPU_PAGE_RESERVE");
+  const long n = e && *e ? atol(e) : max_ctx;
+  return n < 0 ? 0 : n > max_ctx ? max_ctx : (int)n;
+}
+
 static int gpu_session_init(glm53_session *ss) {
   const glm53_config *c = &ss->m->cfg;
   gsession *s = xcalloc(1, sizeof *s);
@@ -540,6 +550,25 @@ static int gpu_session_init(glm53_session *ss) {
     gpu_session_free(ss);
     return -1;
   }
+  /* The context's pages now: a session that cannot hold its context is
+   * refused here, with the reason, instead of failing mid-request once a
+   * long prefill's scratch has taken the memory (H100 80 GB, experts
+   * budgeted from free memory: a 4096-token session failed its first
+   * decode step for 8 MB). Pages still go back to the pool with the
+   * session and serve the next one. */
+  const int reserve = page_reserve(ss->max_ctx);
+  if (reserve > 0) {
+    pthread_mutex_lock(&g_lock);
+    const int rc = session_pages(ss, reserve);
+    pthread_mutex_unlock(&g_lock);
+    if (rc) {
+      char why[512];
+      snprintf(why, sizeof why, "%s", glm53_last_error());
+      gpu_session_free(ss);
+      return glm53_err("gpu session (context %d): %s (GLM53_GPU_PAGE_RESERVE=0 takes pages as positions are written)",
+                       ss->max_ctx, why);
+    }
+  }
   return 0;
 }
 
@@ -561,6 +590,19 @@ static int session_pages(glm53_session *ss, int rows) {
   gsession *s = ss->backend_state;
   gmodel *g = ss->m->backend_model;
   const glm53_config *c = &ss->m->cfg;
+  /* refuse up front what the device cannot give: growing into the
+   * failure would leave the pool holding the memory it did get */
+  size_t need = 0, spare = gpu_pages_spare(&g->pages), fb = 0, tb = 0;
+  for (int i = 0; i < c->num_hidden_layers * GK_ST_N; i++)
+    if (s->pt[i].host)
+      need += gpu_ptab_need(&s->pt[i], i % GK_ST_N == GK_ST_POOL ? rows / c->index_kpool + 1 : rows);
+  if (need > spare && !gk_mem_info(&fb, &tb)) {
+    const size_t slack = (size_t)GPU_PAGE_SLAB * GPU_PAGE_CLASSES * ((size_t)c->kv_lora_rank * sizeof(float) << s->pshift);
+    if (need - spare + slack > fb)
+      return glm53_err("gpu: no device memory for the latent / indexer caches of %d positions: %.1f MB more needed, "
+                       "%.1f MB free",
+                       rows, (need - spare) / 1e6, fb / 1e6);
+  }
   for (int i = 0; i < c->num_hidden_layers * GK_ST_N; i++) {
     gpu_ptab *t = &s->pt[i];
     if (!t->host) continue;

@@ -59,6 +59,11 @@ int gpu_ptab_init(gpu_ptab *t, size_t page_bytes, int max_rows, int pshift, void
 /* pages for rows [0, rows) (at most the table's capacity); -1 when the
  * device memory for them is missing (the pages it got are kept) */
 int gpu_ptab_grow(gpu_ptab *t, gpu_pages *pp, int rows);
+/* bytes of the pages that growing to `rows` would add to the table */
+size_t gpu_ptab_need(const gpu_ptab *t, int rows);
+/* bytes of the pool's pages that no session holds */
+size_t gpu_pages_spare(const gpu_pages *pp);
+#define GPU_PAGE_SLAB 16 /* pages per device allocation */
 /* the pages back to the pool; the host table freed */
 void gpu_ptab_release(gpu_ptab *t, gpu_pages *pp);
 void gpu_pages_free(gpu_pages *pp);

@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define GPU_PAGE_SLAB 16
 
 int gpu_page_shift(void) {
   const char *e = getenv("GLM53_GPU_PAGE_TOKENS");
@@ -96,6 +95,18 @@ int gpu_ptab_grow(gpu_ptab *t, gpu_pages *pp, int rows) {
   if (t->n > n0 && gk_h2d((void **)t->dev + n0, t->host + n0, (size_t)(t->n - n0) * sizeof(void *)))
     return glm53_err("gpu cache pages: table upload: %s", gk_error());
   return t->n < need ? -1 : 0;
+}
+
+size_t gpu_ptab_need(const gpu_ptab *t, int rows) {
+  int need = (rows + (1 << t->pshift) - 1) >> t->pshift;
+  if (need > t->cap) need = t->cap;
+  return need > t->n ? (size_t)(need - t->n) * t->page_bytes : 0;
+}
+
+size_t gpu_pages_spare(const gpu_pages *pp) {
+  size_t b = 0;
+  for (int i = 0; i < pp->nclass; i++) b += (size_t)pp->cls[i].nfree * pp->cls[i].bytes;
+  return b;
 }
 
 void gpu_ptab_release(gpu_ptab *t, gpu_pages *pp) {

@@ -122,6 +122,30 @@ static void check_fallback(void) {
   glm53_model_free(m);
 }
 
+/* A session whose context's cache pages do not fit the device is refused
+ * at creation with the reason (the pages are reserved then), and the
+ * model stays usable: a small session afterwards runs. */
+static void check_reserve(void) {
+  glm53_config c;
+  fx_config(&c, 8, 4, 0);
+  glm53_model *m = fx_model(&c, 11);
+  CHECK(glm53_backend_select(m, "gpu") == 0, "%s", glm53_last_error());
+  glm53_session *big = glm53_session_new(m, 1 << 30); /* TBs of latent pages */
+  CHECK(big == NULL || strcmp(glm53_session_backend(big), "gpu"), "a 2^30-token gpu session was created");
+  if (!big) {
+    CHECK(strstr(glm53_last_error(), "latent / indexer caches") != NULL, "refusal reason: %s", glm53_last_error());
+    printf("2^30-token session refused at creation: %s\n", glm53_last_error());
+  }
+  glm53_session_free(big);
+  glm53_session *s = glm53_session_new(m, 16);
+  float *lg = xmalloc((size_t)c.vocab_size * 4);
+  int32_t tok[4] = {1, 2, 3, 4};
+  CHECK(s && glm53_forward(s, tok, 4, lg, 0) == 0, "a small session after the refusal: %s", glm53_last_error());
+  glm53_session_free(s);
+  free(lg);
+  glm53_model_free(m);
+}
+
 int main(void) {
   if (gpu_test_skip()) return 0;
   check_model(64, 4, 0, 1); /* dense regime */
@@ -129,10 +153,13 @@ int main(void) {
    * contexts in one page): rows cross pages everywhere, and a layer's
    * pages interleave with the other layers' in the pool */
   setenv("GLM53_GPU_PAGE_TOKENS", "8", 1);
+  setenv("GLM53_GPU_PAGE_RESERVE", "0", 1); /* and pages taken as positions are written (default: all at creation) */
   check_model(8, 4, 0, 2);  /* sparse */
   check_model(8, 2, 1, 3);  /* sparse, shared indexer layer */
   check_model(4, 1, 0, 4);  /* kpool 1 */
   check_model(12, 4, 1, 5);
+  unsetenv("GLM53_GPU_PAGE_RESERVE");
   check_fallback();
+  check_reserve();
   TEST_DONE();
 }

@@ -5,7 +5,8 @@
  * from GLM53_GPU_PAGE_TOKENS; tables growing page by page, pages distinct
  * and zeroed, the device copy of each table equal to the host one; a
  * freed session's pages reused by the next (no new slab); the capacity
- * bound; an allocation failure mid-growth (-1, the message, the pages got
+ * bound; the bytes a growth needs and the pool's spare pages; an
+ * allocation failure mid-growth (-1, the message, the pages got
  * so far kept and uploaded, a later growth completing); two page sizes in
  * two classes; the reversed-page test tables round-tripping. */
 #define gk_memset t_memset
@@ -19,6 +20,8 @@
 #define gpu_pages_free t_gpu_pages_free
 #define gpu_pages_make t_gpu_pages_make
 #define gpu_pages_read t_gpu_pages_read
+#define gpu_ptab_need t_gpu_ptab_need
+#define gpu_pages_spare t_gpu_pages_spare
 #include "gpu/gpu_internal.h"
 #include "glm53.h"
 #include "test_util.h"
@@ -68,6 +71,9 @@ int main(void) {
   CHECK(gpu_ptab_init(&b, pb, 70, 2, halloc, NULL) == 0, "table b");
   CHECK(gpu_ptab_grow(&a, &pp, 5) == 0 && a.n == 2 && table_ok(&a), "a to 5 rows: %d pages", a.n);
   CHECK(gpu_ptab_grow(&a, &pp, 3) == 0 && a.n == 2, "a shrinking request keeps its pages");
+  CHECK(gpu_ptab_need(&a, 12) == pb && gpu_ptab_need(&a, 8) == 0 && gpu_ptab_need(&a, 1000) == 16 * pb,
+        "bytes to grow a: %zu / %zu / %zu", gpu_ptab_need(&a, 12), gpu_ptab_need(&a, 8), gpu_ptab_need(&a, 1000));
+  CHECK(gpu_pages_spare(&pp) == 14 * pb, "spare pages of the first slab: %zu bytes", gpu_pages_spare(&pp));
   CHECK(gpu_ptab_grow(&a, &pp, 12) == 0 && a.n == 3 && table_ok(&a), "a to 12 rows: %d pages", a.n);
   CHECK(gpu_ptab_grow(&b, &pp, 60) == 0 && b.n == 15 && table_ok(&b), "b to 60 rows: %d pages", b.n);
   CHECK(pp.bytes == 2 * 16 * pb, "two slabs for 18 pages: %.0f bytes", pp.bytes);

@@ -15,6 +15,7 @@
 # extended regex) runs just the steps whose names match it.
 set -u
 DEADLINE=${DEADLINE:-540}
+E_BF16=${E_BF16:-32} # routed experts per layer of the bf16 benches (16 fits an 80 GB card fully resident)
 PART=${1:-all}
 . tools/gpu/device_env.sh || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
@@ -61,14 +62,14 @@ if [ "$PART" != bench ]; then
 fi
 if [ "$PART" != tests ]; then
   have gpu_gemv && step gpu_gemv 90 env "$D/gpu_gemv"
-  step gpu_decode.bf16 150 env "$D/gpu_decode" 32 16 bf16 45
+  step gpu_decode.bf16 150 env "$D/gpu_decode" "$E_BF16" 16 bf16 45
   step gpu_decode.q4 80 env "$D/gpu_decode" 64 16 q4 45
   step gpu_decode.stream 60 env "$D/gpu_decode" 32 12 stream
   have gpu_gemv && step gpu_gemv.noxs 90 env GLM53_GPU_GEMV_XS=0 "$D/gpu_gemv"
   step gpu_decode.q4.noxs 80 env GLM53_GPU_GEMV_XS=0 "$D/gpu_decode" 64 16 q4 45
   step gpu_decode.profile 150 env GLM53_GPU_PROFILE=1 "$D/gpu_decode" 32 8 bf16 45
-  step gpu_decode.kprof 120 env GLM53_GPU_GRAPH=0 GLM53_GPU_KPROF=1 "$D/gpu_decode" 32 8 bf16 45
-  step gpu_decode.kprof.kda_chunked 120 env GLM53_GPU_GRAPH=0 GLM53_GPU_KPROF=1 GLM53_KDA_PREFILL=chunked "$D/gpu_decode" 32 8 bf16 45
+  step gpu_decode.kprof 120 env GLM53_GPU_GRAPH=0 GLM53_GPU_KPROF=1 "$D/gpu_decode" "$E_BF16" 8 bf16 45
+  step gpu_decode.kprof.kda_chunked 120 env GLM53_GPU_GRAPH=0 GLM53_GPU_KPROF=1 GLM53_KDA_PREFILL=chunked "$D/gpu_decode" "$E_BF16" 8 bf16 45
   step gpu_decode.kprof.q4 90 env GLM53_GPU_GRAPH=0 GLM53_GPU_KPROF=1 "$D/gpu_decode" 64 8 q4 45
   have gpu_batch && step gpu_batch 150 env "$D/gpu_batch"
   have gpu_batch && step gpu_batch.gemm_min4 150 env GLM53_GPU_GEMM_MIN=4 "$D/gpu_batch"
