@@ -230,8 +230,8 @@ int gk_kda_prep(float *qkv, int T, int H, int hd, float qscale);          /* l2n
  * one launch when no segment is longer than 4 tokens (decode), else two */
 int gk_kda_conv_prep(const float *raw, const gk_batch *b, const float *w, int T, int H, int hd, int K, float qscale,
                      float *qkv);
-/* its prefill form's tokens per warp with 4 taps, 1, 4 or 8: bench A/B
- * (0: GLM53_GPU_KDA_CONV_NT, default 1) */
+/* its prefill form's tokens per warp with 4 taps, 1, 4 or 8, the same
+ * bits (0: GLM53_GPU_KDA_CONV_NT, default 4) */
 void gk_set_kda_conv_nt(int nt);
 int gk_kda_gate(float *g, const float *dt_bias, const float *A_log, int T, int H, int hd, float lower_bound);
 /* state GK_ST_S: [H][dv][dk] (column-major per head); beta_logit [T][H];

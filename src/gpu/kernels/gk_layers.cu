@@ -723,18 +723,17 @@ __global__ void kda_conv_prep_k(const float *raw, gk_batch b, const float *w, in
 /* segments up to this long take the SEQ form */
 #define KDA_SEQ_MAX 4
 /* tokens per warp of the prefill form with 4 taps (the taps slide over a
- * warp's tokens): 1, 4 or 8. 1 is the default, the measured form (a run of
- * 16 tokens per warp measured slower, docs/gpu.md); 4 and 8 are written
- * and tested (bitwise) but not yet measured on the H200: the A/B in
- * bench/gpu/gpu_decode.c decides. GLM53_GPU_KDA_CONV_NT or
- * gk_set_kda_conv_nt. */
+ * warp's tokens): 1, 4 or 8, the same bits. 4 is the default (H200,
+ * 4096-token prefill of the full-dimension model: 495.6 ms vs 506.4 with
+ * 1 and 500.4 with 8; 16 measured slower earlier). GLM53_GPU_KDA_CONV_NT
+ * or gk_set_kda_conv_nt. */
 static int g_kc_nt;
 extern "C" void gk_set_kda_conv_nt(int nt) { g_kc_nt = nt == 1 || nt == 4 || nt == 8 ? nt : 0; }
 static int kc_nt(void) {
   if (!g_kc_nt) {
     const char *e = getenv("GLM53_GPU_KDA_CONV_NT");
-    const int v = e ? atoi(e) : 1;
-    g_kc_nt = v == 4 || v == 8 ? v : 1;
+    const int v = e ? atoi(e) : 4;
+    g_kc_nt = v == 1 || v == 8 ? v : 4;
   }
   return g_kc_nt;
 }
