@@ -16,8 +16,10 @@
  *   pass (kda_chunk_pass_k, one block per head and 32 value columns):
  *     V' = U - W S;  o = qg S + Aqk V';  S = gl S + kd^T V'
  * Everything is fp32 (the CPU form accumulates in double); the result
- * equals the token recurrence to fp32 rounding, not bitwise, so it is
- * opt-in (GLM53_KDA_PREFILL=chunked, as on the CPU) until measured.
+ * equals the token recurrence to fp32 rounding, not bitwise. Opt-in
+ * (GLM53_KDA_PREFILL=chunked, as on the CPU): on the H200 it is slower
+ * than the token kernel as written (4096-token prefill 539.6 vs 506.4 ms;
+ * prep 53 + pass 62 ms over 34 layers), see docs/gpu.md.
  *
  * In place: qg over q, kd over k, U over v (the conv output qkv, dead after
  * the recurrence), W over the raw gate projection; Aqk and gl go to a
