@@ -1,4 +1,5 @@
-/* The paged-cache bookkeeping of the GPU backend (src/gpu/gpu_pages.c) on
+/* (Not test_gpu_*: that prefix is the device tests' in CI.) The paged-cache
+ * bookkeeping of the GPU backend (src/gpu/gpu_pages.c) on
  * the host: the file is compiled into this test with host memory standing
  * in for device memory (its gk_* calls and its own functions renamed, so a
  * GPU build that links the real ones has no clash). Checks: page sizes
