@@ -583,6 +583,10 @@ static void gpu_session_reset(glm53_session *ss) {
     }
 }
 
+/* rows of paged state `i` (layer * GK_ST_N + which) that positions [0, rows) fill */
+static int state_rows(const glm53_config *c, int i, int rows) {
+  return i % GK_ST_N == GK_ST_POOL ? rows / c->index_kpool + 1 : rows;
+}
 /* Pages for the first `rows` positions of every paged state of a session
  * (pooled keys: the pools they complete), before a forward writes them;
  * g_lock held (the pool is the model's). */
@@ -595,7 +599,7 @@ static int session_pages(glm53_session *ss, int rows) {
   size_t need = 0, spare = gpu_pages_spare(&g->pages), fb = 0, tb = 0;
   for (int i = 0; i < c->num_hidden_layers * GK_ST_N; i++)
     if (s->pt[i].host)
-      need += gpu_ptab_need(&s->pt[i], i % GK_ST_N == GK_ST_POOL ? rows / c->index_kpool + 1 : rows);
+      need += gpu_ptab_need(&s->pt[i], state_rows(c, i, rows));
   if (need > spare && !gk_mem_info(&fb, &tb)) {
     const size_t slack = (size_t)GPU_PAGE_SLAB * GPU_PAGE_CLASSES * ((size_t)c->kv_lora_rank * sizeof(float) << s->pshift);
     if (need - spare + slack > fb)
@@ -606,8 +610,7 @@ static int session_pages(glm53_session *ss, int rows) {
   for (int i = 0; i < c->num_hidden_layers * GK_ST_N; i++) {
     gpu_ptab *t = &s->pt[i];
     if (!t->host) continue;
-    const int need = i % GK_ST_N == GK_ST_POOL ? rows / c->index_kpool + 1 : rows;
-    if (gpu_ptab_grow(t, &g->pages, need)) {
+    if (gpu_ptab_grow(t, &g->pages, state_rows(c, i, rows))) {
       char why[256];
       snprintf(why, sizeof why, "%s", glm53_last_error());
       return glm53_err("gpu: no device memory for the latent / indexer caches of %d positions (%.1f MB of pages in use): %s",

@@ -108,12 +108,7 @@ int main() {
         ok = ok && emu_launch(dim3(T * H), dim3(256), [&] {
           mla_merge_k(part.data(), b, dense.data(), npools.data(), tail.data(), H, P, chunk, nsplit, kl, ob.data());
         });
-      double mx = 0, d = 0;
-      for (size_t i = 0; i < ref.size(); i++) {
-        mx = fmax(mx, fabs(ref[i]));
-        d = isnan(ob[i]) ? INFINITY : fmax(d, fabs((double)ob[i] - ref[i]));
-      }
-      const double err = d / fmax(mx, 1e-30);
+      const double err = rows_rel_diff(ref.data(), ob.data(), 1, (int)ref.size());
       const char *nm = core ? "per-head core" : "head-sharing core";
       CHECK(ok, "%s: the emulated kernels deadlocked", nm);
       CHECK(err <= 1e-5, "%s, %d part(s): err %.3g > 1e-5", nm, nsplit, err);
