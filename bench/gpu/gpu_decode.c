@@ -67,14 +67,15 @@ static double decode(glm53_session *s, int steps, const int32_t *tok, float *log
 }
 
 /* Decode at context 64 with the L2 prefetch and trigger-order settings
- * given (gk.h: gk_set_pdl_early, gk_set_gemv_l2pf, gk_set_expert_l2pf) in a
- * fresh session (its graphs capture the launch parameters), then the
- * defaults back. */
-typedef struct { const char *what; int early, pfb, last; long xpf; } l2_variant;
-static double decode_variant(glm53_model *m, const l2_variant *v, int steps, const int32_t *tok, float *logits) {
+ * given (gk.h: gk_set_pdl_early, gk_set_gemv_l2pf, gk_set_expert_l2pf) and
+ * the KDA recurrence's layout (gk_set_kda_layout) in a fresh session (its
+ * graphs capture the launch parameters), then the defaults back. */
+typedef struct { const char *what; int early, pfb, last; long xpf; int kda_layout; } decode_var;
+static double decode_variant(glm53_model *m, const decode_var *v, int steps, const int32_t *tok, float *logits) {
   gk_set_pdl_early(v->early);
   gk_set_gemv_l2pf(v->pfb, v->last);
   gk_set_expert_l2pf(v->xpf);
+  gk_set_kda_layout(v->kda_layout);
   glm53_session *s = glm53_session_new(m, 64 + steps + 16);
   if (!s) { printf("session: %s\n", glm53_last_error()); exit(1); }
   run(s, tok, 64, logits);
@@ -83,23 +84,19 @@ static double decode_variant(glm53_model *m, const l2_variant *v, int steps, con
   gk_set_pdl_early(-1);
   gk_set_gemv_l2pf(-1, -1);
   gk_set_expert_l2pf(-1);
+  gk_set_kda_layout(0);
   return dt;
 }
-static void l2_sweep(glm53_model *m, int steps, const int32_t *tok, float *logits, size_t dbytes, double bw) {
-  const long MB = 1L << 20;
-  static const l2_variant vs[] = {
-      {"late trigger, 1-chunk prefetch, no expert prefetch (the defaults)", 0, 0, 1, 0},
-      {"early trigger only", 1, 0, 1, 0},
-      {"GEMV L2 prefetch 4 KB/row only (late trigger)", 0, 4096, 1, 0},
-      {"early + GEMV 2 KB/row", 1, 2048, 1, 0},
-      {"early + GEMV 4 KB/row", 1, 4096, 1, 0},
-      {"early + GEMV 8 KB/row", 1, 8192, 1, 0},
-      {"early + GEMV 4 KB/row without evict-last", 1, 4096, 0, 0},
-      {"early + GEMV 4 KB/row + experts 8 MB", 1, 4096, 1, 8 * MB},
-      {"early + GEMV 4 KB/row + experts 16 MB", 1, 4096, 1, 16 * MB},
-      {"early + GEMV 4 KB/row + experts 32 MB", 1, 4096, 1, 32 * MB},
-      {"early + GEMV 8 KB/row + experts 16 MB", 1, 8192, 1, 16 * MB},
-      {"late trigger, 1-chunk prefetch, no expert prefetch (again: drift)", 0, 0, 1, 0},
+/* the eighth session measured every L2 prefetch variant slower (docs/gpu.md):
+ * two are kept as a check, with the KDA layouts' decode cost */
+static void decode_sweep(glm53_model *m, int steps, const int32_t *tok, float *logits, size_t dbytes, double bw) {
+  static const decode_var vs[] = {
+      {"the defaults (late trigger, no L2 prefetch, KDA layout g4)", 0, 0, 1, 0, 0},
+      {"early trigger only", 1, 0, 1, 0, 0},
+      {"GEMV L2 prefetch 4 KB/row only (late trigger)", 0, 4096, 1, 0, 0},
+      {"KDA layout w4 (GLM53_GPU_KDA_LAYOUT)", 0, 0, 1, 0, GK_KR_W4},
+      {"KDA layout g2", 0, 0, 1, 0, GK_KR_G2},
+      {"the defaults again (drift)", 0, 0, 1, 0, 0},
   };
   for (size_t i = 0; i < sizeof vs / sizeof *vs; i++) {
     const double dt = decode_variant(m, &vs[i], steps, tok, logits);
@@ -233,8 +230,8 @@ int main(int argc, char **argv) {
          mode, E, dt * 1e3, 1 / dt, dbytes / 1e9, dbytes / dt / 1e9, 100.0 * dbytes / dt / 1e9 / bw);
   printf("L2 prefetch: GEMV %d bytes per row before its wait, experts %.0f MB at routing, PDL trigger %s\n", gk_gemv_l2pf(),
          gk_expert_l2pf() / 1048576.0, gk_pdl_early() ? "early" : "late");
-  if (gk_pdl_supported()) { /* the L2 prefetch settings, then no programmatic dependent launch (fresh sessions: their own graphs) */
-    l2_sweep(m, steps, tok, logits, dbytes, bw);
+  if (gk_pdl_supported()) { /* the L2 prefetch settings and KDA layouts, then no programmatic dependent launch (fresh sessions: their own graphs) */
+    decode_sweep(m, steps, tok, logits, dbytes, bw);
     gk_force_pdl_off(1);
     glm53_session *s2 = glm53_session_new(m, 64 + steps + 16);
     if (!s2) { printf("session: %s\n", glm53_last_error()); return 1; }
@@ -292,15 +289,22 @@ int main(int argc, char **argv) {
            max_diff(logits, base, V));
   }
   gk_set_mla_math(-1);
-  /* prefill A/B: the KDA recurrence with 8 columns per warp instead of 4 */
-  gk_set_kda_cpw(8);
-  glm53_session_reset(s);
-  pms = run(s, tok, NP, logits);
-  glm53_gpu_profile_dump("prefill 4096 (variant)");
-  printf("prefill %d tokens, KDA recurrence with 8 columns per warp instead of 4 (GLM53_GPU_KDA_CPW=8): %.1f ms; "
-         "last-token logits max |diff| %.3g\n",
-         NP, pms, max_diff(logits, base, V));
-  gk_set_kda_cpw(0);
+  /* prefill A/B: the KDA recurrence's other layouts (another summation
+   * order each) */
+  {
+    static const char *lnm[] = {"", "w4", "w8", "g1", "g2", "g4"};
+    for (int l = GK_KR_W4; l <= GK_KR_G4; l++) {
+      if (l == GK_KR_G4) continue;
+      gk_set_kda_layout(l);
+      glm53_session_reset(s);
+      pms = run(s, tok, NP, logits);
+      glm53_gpu_profile_dump("prefill 4096 (variant)");
+      printf("prefill %d tokens, KDA recurrence layout %s instead of g4 (GLM53_GPU_KDA_LAYOUT=%s): %.1f ms; "
+             "last-token logits max |diff| %.3g\n",
+             NP, lnm[l], lnm[l], pms, max_diff(logits, base, V));
+    }
+    gk_set_kda_layout(0);
+  }
   /* prefill A/B: the KDA conv+prep with 1 and 8 tokens per warp instead of 4 (the same bits) */
   for (int nt = 1; nt <= 8; nt += 7) {
     gk_set_kda_conv_nt(nt);

@@ -1,7 +1,8 @@
 /* KDA recurrence microbenchmark (docs/gpu.md, KDA): gk_kda_recur_gated at
  * the full model's shape (64 heads of 128, one 4096-token sequence; the
- * gate with the config's lower bound -5) in each form: token by token with
- * 4 or 8 state columns per warp (GLM53_GPU_KDA_CPW). Median of 5 launches (events on the compute
+ * gate with the config's lower bound -5) in each layout of the token
+ * kernel (GLM53_GPU_KDA_LAYOUT: 8 lanes per column with 1, 2 or 4 columns
+ * per lane group, 32 lanes per column with 4 or 8 per warp). Median of 5 launches (events on the compute
  * stream), ms per launch and G state-element updates per second (T * H *
  * hd^2 / time; each update is 4 floating-point operations). The decay
  * pass (kda_decay) is part of every launch. Usage: gpu_kda [T] */
@@ -51,14 +52,17 @@ int main(int argc, char **argv) {
   gk_memset(tseg, 0, (size_t)T * 4);
   gk_batch b = {.seg = dseg, .tseg = tseg, .nseg = 1, .maxlen = T};
   void *e0 = gk_event_new(), *e1 = gk_event_new();
-  static const struct { const char *name; int cpw; } form[] = {
-      {"4 columns per warp (the default)", 4},
-      {"8 columns per warp (GLM53_GPU_KDA_CPW=8)", 8},
+  static const struct { const char *name; int layout; } form[] = {
+      {"g4: 8 lanes per column, 4 per group (the default)", GK_KR_G4},
+      {"g2: 8 lanes per column, 2 per group", GK_KR_G2},
+      {"g1: 8 lanes per column, 1 per group", GK_KR_G1},
+      {"w4: 32 lanes per column, 4 per warp", GK_KR_W4},
+      {"w8: 32 lanes per column, 8 per warp", GK_KR_W8},
   };
   printf("KDA recurrence, H %d, hd %d, T %d, lower bound -5:\n", H, hd, T);
   int bad = 0;
   for (size_t f = 0; f < sizeof form / sizeof form[0]; f++) {
-    gk_set_kda_cpw(form[f].cpw);
+    gk_set_kda_layout(form[f].layout);
     float ms[5];
     for (int r = 0; r < 6; r++) { /* the first one warms up */
       /* the launch overwrites the gate with the decay and beta's logits with beta */
@@ -73,7 +77,7 @@ int main(int argc, char **argv) {
     qsort(ms, 5, sizeof *ms, cmpf);
     printf("  %-52s %8.3f ms  %7.1f G updates/s\n", form[f].name, ms[2], (double)T * H * hd * hd / (ms[2] * 1e6));
   }
-  gk_set_kda_cpw(0);
+  gk_set_kda_layout(0);
   if (bad || gk_sync()) fprintf(stderr, "gpu_kda: %s\n", gk_error());
   return bad;
 }

@@ -3,7 +3,7 @@
  * (ucontext) on one OS thread; __syncthreads waits for the whole block,
  * __shfl_xor_sync for the 32 lanes of the warp; blocks run one after
  * another. It covers what the emulated kernels use (dim3 indices, static
- * and dynamic shared memory, float4, xor shuffles, __syncwarp) and
+ * and dynamic shared memory, float4, indexed and xor shuffles, __syncwarp) and
  * reports a deadlock (a barrier some threads never reach) instead of
  * hanging. Not a timing model; memory is host memory. C++ (templates of
  * the kernels), one translation unit per test. */
@@ -190,16 +190,18 @@ static bool run_block(int nth) {
 }
 } // namespace emu
 
-/* v from lane (lane ^ o) of the calling warp (all 32 lanes must call) */
-static inline float __shfl_xor_sync(unsigned mask, float v, int o) {
+/* v from lane src of the calling warp (all 32 lanes must call) */
+static inline float __shfl_sync(unsigned mask, float v, int src) {
   (void)mask;
   emu::fiber &f = *emu::g.cur;
-  const int par = f.wgen & 1, lane = f.tid & 31, w0 = f.tid - lane;
+  const int par = f.wgen & 1, w0 = f.tid - (f.tid & 31);
   emu::g.slot[par][f.tid] = v;
   emu::yield(emu::WARP_WAIT);
   f.wgen++;
-  return emu::g.slot[par][w0 + (lane ^ o)];
+  return emu::g.slot[par][w0 + (src & 31)];
 }
+/* v from lane (lane ^ o) of the calling warp */
+static inline float __shfl_xor_sync(unsigned mask, float v, int o) { return __shfl_sync(mask, v, (emu::g.cur->tid & 31) ^ o); }
 static inline void __syncthreads() { emu::yield(emu::BLOCK_WAIT); }
 /* the calling warp's 32 lanes (a shuffle without data) */
 static inline void __syncwarp(unsigned mask = 0xffffffffu) {

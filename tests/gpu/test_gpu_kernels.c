@@ -1039,19 +1039,25 @@ int main(void) {
   /* recurrence tiles (cp.async double buffers of 14, 32 and 7 tokens; one
    * synchronous buffer of 32 for hd % 4 != 0); blocks of 32 columns, warps
    * of 8: hd 40 leaves a block with one warp's columns, hd 30 a warp with 6 */
-  /* both columns-per-warp choices (GLM53_GPU_KDA_CPW): 4, the default, on all shapes */
-  static const int cpw[2] = {4, 8};
-  for (int v = 0; v < 2; v++) {
-    gk_set_kda_cpw(cpw[v]);
-    printf("kda recurrence, %d columns per warp:\n", cpw[v]);
+  /* every layout (GLM53_GPU_KDA_LAYOUT): g4, the default, on all shapes
+   * (hd 40, 256 and 30 take w4), the others on the model's head dim and
+   * one smaller (g: 8 lanes per column with 4, 2, 1 columns per group; w:
+   * 32 lanes per column, 4 or 8 columns per warp) */
+  static const int lay[5] = {GK_KR_G4, GK_KR_G2, GK_KR_G1, GK_KR_W4, GK_KR_W8};
+  static const char *lnm[5] = {"g4", "g2", "g1", "w4", "w8"};
+  for (int v = 0; v < 5; v++) {
+    gk_set_kda_layout(lay[v]);
+    printf("kda recurrence, layout %s:\n", lnm[v]);
     kda_tiles_case(70, 57, 2, 128);
-    kda_tiles_case(45, 32, 3, 40);
+    kda_tiles_case(45, 32, 3, v < 3 ? 64 : 40);
     if (!v) {
+      kda_tiles_case(33, 21, 2, 32);
+      kda_tiles_case(45, 32, 3, 40);
       kda_tiles_case(40, 27, 1, 256);
       kda_tiles_case(33, 20, 2, 30);
     }
   }
-  gk_set_kda_cpw(0);
+  gk_set_kda_layout(0);
   {
     static const int l1[] = {200, 64, 1, 130}, l2[] = {150}, l3[] = {97, 65, 3};
     for (int v = 0; v < 4; v++) { /* 64- and 32-token chunks, factorised and exact pair products */

@@ -6,7 +6,7 @@
 #         kernel, forward and batch tests, selection/fallback with a device
 #         present, the CLI cross-checks (quality --compare-backends, greedy
 #         run on gpu vs cpu vs streamed experts);
-#  bench: the GEMV microbenchmark, the full-dimension model (45 layers bf16
+#  bench: the GEMV and KDA-recurrence microbenchmarks, the full-dimension model (45 layers bf16
 #         and Q4, the 6-layer streamed-expert sweep), each GEMV/Q4 run again
 #         without x staging, a per-stage profile (GLM53_GPU_PROFILE=1), a
 #         per-operation profile (GLM53_GPU_KPROF=1), and batch scaling.
@@ -62,7 +62,8 @@ if [ "$PART" != bench ]; then
 fi
 if [ "$PART" != tests ]; then
   have gpu_gemv && step gpu_gemv 90 env "$D/gpu_gemv"
-  step gpu_decode.bf16 150 env "$D/gpu_decode" "$E_BF16" 16 bf16 45
+  have gpu_kda && step gpu_kda 60 env "$D/gpu_kda"
+  step gpu_decode.bf16 240 env "$D/gpu_decode" "$E_BF16" 16 bf16 45
   step gpu_decode.q4 80 env "$D/gpu_decode" 64 16 q4 45
   step gpu_decode.stream 60 env "$D/gpu_decode" 32 12 stream
   have gpu_gemv && step gpu_gemv.noxs 90 env GLM53_GPU_GEMV_XS=0 "$D/gpu_gemv"

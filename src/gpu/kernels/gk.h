@@ -260,8 +260,12 @@ size_t gk_kda_chunk_work(int T, int H, int hd);
 int gk_kda_chunked(const gk_batch *b, float *qkv, float *graw, const float *dt_bias, const float *A_log,
                    float lower_bound, const float *beta_logit, int T, int H, int hd, float *work, float *o);
 int gk_kda_out(float *o, const float *z, const float *w, int T, int H, int hd, float eps);
-/* the recurrence's columns per warp, 4 or 8: bench A/B (0: GLM53_GPU_KDA_CPW, default 4) */
-void gk_set_kda_cpw(int cpw);
+/* the recurrence's layout, bench A/B (gk_layers.cu kr_layout; 0:
+ * GLM53_GPU_KDA_LAYOUT, default g4): 32 lanes per column with 4 or 8
+ * columns per warp (w4, w8), or 8 lanes per column with 1, 2 or 4 columns
+ * per lane group (g1, g2, g4; head dims 32, 64, 128, else w4) */
+enum { GK_KR_DEFAULT = 0, GK_KR_W4, GK_KR_W8, GK_KR_G1, GK_KR_G2, GK_KR_G4 };
+void gk_set_kda_layout(int layout);
 
 /* ---- MLA + DSA indexer ---- */
 /* state `which` of the token's sequence, row (position) * stride + i = src[t * n + i] */

@@ -8,6 +8,7 @@
 #include "gk_common.cuh"
 #include "gk_mla_attn.cuh" /* mla_attn_k, mla_merge_k, mla_hs_k */
 #include "gk_dsa.cuh"      /* store_at_k, pool_keys_k, idx_scores_k */
+#include "gk_kda_recur.cuh" /* kr_load, kda_recur8_k */
 #include <stdlib.h>
 #include <string.h>
 
@@ -309,7 +310,9 @@ extern "C" int gk_mhc_pre(const float *X, const float *mixraw, const float *ssq,
  * fn 32 float4 columns at a time (double-buffered, one barrier per slice)
  * and prefetches the next slice of X; per lane the products run in column
  * order, then one tree reduction over the lanes: fixed order, deterministic
- * (another order than cuBLAS: equal within fp32 rounding). */
+ * (another order than cuBLAS: equal within fp32 rounding). 4 tokens per
+ * warp (fewer shared-memory reads of fn per product) measured the same
+ * (H100, ninth session: 495.8 vs 496.7 ms per 4096-token prefill). */
 #define MP_TW 2
 #define MP_SL 32
 template <int MIX>
@@ -805,10 +808,6 @@ extern "C" int gk_kda_gate(float *g, const float *dt_bias, const float *A_log, i
  * instead of 12), and at prefill beta comes as sigmoid(logit) from the decay
  * pass instead of once per warp and token. */
 #define KR_WARPS 4
-/* MODE: how g gives the decay a = exp(gate): 0 g is the log decay, 1 g is
- * the raw gate projection (kda_gate1), 2 g is the decay itself and bl is
- * beta itself (not its logit) */
-enum { KR_LOG = 0, KR_RAW = 1, KR_DECAY = 2 };
 /* CPW (columns per warp) 8 or 4: lane l ends a reduction with the sum of
  * column kr_col(l); kr_lane(c) is a lane holding column c's sum */
 template <int CPW> __device__ __forceinline__ int kr_col(int lane) {
@@ -843,40 +842,6 @@ template <int CPW> __device__ __forceinline__ float kr_reduce(const float *v, in
   y += __shfl_xor_sync(0xffffffffu, y, 2);
   return y + __shfl_xor_sync(0xffffffffu, y, 1);
 }
-#if !GK_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-#define KR_CP_ASYNC 1
-#else
-#define KR_CP_ASYNC 0
-#endif
-__device__ __forceinline__ void kr_cp16(float *sm, const float *g) {
-#if KR_CP_ASYNC
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(sm)), "l"(g) : "memory");
-#else
-  *(float4 *)sm = *(const float4 *)g;
-#endif
-}
-__device__ __forceinline__ void kr_cp4(float *sm, const float *g) {
-#if KR_CP_ASYNC
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((unsigned)__cvta_generic_to_shared(sm)), "l"(g) : "memory");
-#else
-  *sm = *g;
-#endif
-}
-__device__ __forceinline__ void kr_commit(void) {
-#if KR_CP_ASYNC
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-template <int N> __device__ __forceinline__ void kr_wait(void) {
-#if KR_CP_ASYNC
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-#endif
-}
-/* floats of one tile buffer: q, k, a [TT][hd], v [TT][cols], beta [TT] */
-__host__ __device__ __forceinline__ size_t kr_tile_floats(int hd, int tt, int cols) {
-  return ((size_t)tt * (3 * hd + cols + 1) + 3) & ~(size_t)3;
-}
-
 /* MM rows of a shared or global vector from row lane * MM (zeros past hd);
  * FULL: hd == 32 MM */
 template <int MM, bool FULL> __device__ __forceinline__ void kr_rows(const float *v, int lane, int hd, float *out) {
@@ -901,7 +866,7 @@ __global__ void __launch_bounds__(KR_WARPS * 32) kda_recur_k(gk_batch b, const f
   const int hd = FULL ? 32 * MM : hd_;
   extern __shared__ __align__(16) float kda_sh[];
   const int h = blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31, c0 = blockIdx.y * KR_COLS;
-  const int cw = c0 + w * KR_CPW, my = kr_col<KR_CPW>(lane), nth = blockDim.x;
+  const int cw = c0 + w * KR_CPW, my = kr_col<KR_CPW>(lane);
   const gk_seg sg = b.seg[blockIdx.z];
   const int t0 = sg.t0, T = t0 + sg.len, inner = H * hd;
   float *S = sg.ls[b.layer].p[GK_ST_S];
@@ -916,44 +881,8 @@ __global__ void __launch_bounds__(KR_WARPS * 32) kda_recur_k(gk_batch b, const f
 #pragma unroll
       for (int m = 0; m < MM; m++) s[c][m] = 0.f;
   }
-  /* tile of nt tokens from tb into buf */
-  auto load = [&](int tb, int nt, float *buf) {
-    float *qs = buf, *ks = qs + (size_t)TT * hd, *as = ks + (size_t)TT * hd, *vs = as + (size_t)TT * hd, *bs = vs + (size_t)TT * KR_COLS;
-    if (ASYNC) {
-      const int q4 = hd / 4;
-      for (int e = threadIdx.x; e < nt * q4; e += nth) {
-        const int u = e / q4, i = 4 * (e - u * q4);
-        const size_t t = (size_t)tb + u;
-        const float *row = qkv + t * 3 * inner + h * hd + i;
-        kr_cp16(qs + u * hd + i, row);
-        kr_cp16(ks + u * hd + i, row + inner);
-        kr_cp16(as + u * hd + i, g + t * inner + h * hd + i);
-      }
-      for (int e = threadIdx.x; e < nt * (KR_COLS / 4); e += nth) {
-        const int u = e / (KR_COLS / 4), jj = 4 * (e - u * (KR_COLS / 4)), j = c0 + jj;
-        if (j < hd) kr_cp16(vs + u * KR_COLS + jj, qkv + ((size_t)tb + u) * 3 * inner + 2 * inner + h * hd + j);
-        else *(float4 *)(vs + u * KR_COLS + jj) = make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-      for (int e = threadIdx.x; e < nt; e += nth) kr_cp4(bs + e, bl + ((size_t)tb + e) * H + h);
-    } else {
-      for (int e = threadIdx.x; e < nt * hd; e += nth) {
-        const int u = e / hd, i = e - u * hd;
-        const size_t t = (size_t)tb + u;
-        const float *row = qkv + t * 3 * inner;
-        qs[e] = row[h * hd + i];
-        ks[e] = row[inner + h * hd + i];
-        const float gv = g[t * inner + h * hd + i];
-        as[e] = MODE == KR_DECAY ? gv : expf(MODE == KR_RAW ? kda_gate1(gv, dt_bias, A_log, h, h * hd + i, lb) : gv);
-      }
-      for (int e = threadIdx.x; e < nt * KR_COLS; e += nth) {
-        const int u = e / KR_COLS, j = c0 + (e - u * KR_COLS);
-        vs[e] = j < hd ? qkv[((size_t)tb + u) * 3 * inner + 2 * inner + h * hd + j] : 0.f;
-      }
-      for (int e = threadIdx.x; e < nt; e += nth) bs[e] = bl[((size_t)tb + e) * H + h];
-    }
-  };
   if (ASYNC && t0 < T) {
-    load(t0, T - t0 < TT ? T - t0 : TT, kda_sh);
+    kr_load<MODE, true, KR_COLS>(qkv, g, dt_bias, A_log, lb, bl, H, hd, h, c0, TT, t0, T - t0 < TT ? T - t0 : TT, kda_sh);
     kr_commit();
   }
   int n = 0;
@@ -962,7 +891,8 @@ __global__ void __launch_bounds__(KR_WARPS * 32) kda_recur_k(gk_batch b, const f
     float *cur = kda_sh + (ASYNC && (n & 1) ? tf : 0);
     if (ASYNC) {
       if (tb + TT < T) {
-        load(tb + TT, T - tb - TT < TT ? T - tb - TT : TT, kda_sh + ((n & 1) ? 0 : tf));
+        kr_load<MODE, true, KR_COLS>(qkv, g, dt_bias, A_log, lb, bl, H, hd, h, c0, TT, tb + TT,
+                                     T - tb - TT < TT ? T - tb - TT : TT, kda_sh + ((n & 1) ? 0 : tf));
         kr_commit();
         kr_wait<1>();
       } else {
@@ -971,7 +901,7 @@ __global__ void __launch_bounds__(KR_WARPS * 32) kda_recur_k(gk_batch b, const f
       __syncthreads();
     } else {
       __syncthreads(); /* the previous tile is consumed */
-      load(tb, nt, cur);
+      kr_load<MODE, false, KR_COLS>(qkv, g, dt_bias, A_log, lb, bl, H, hd, h, c0, TT, tb, nt, cur);
       __syncthreads();
     }
     const float *qs = cur, *ks = qs + (size_t)TT * hd, *as = ks + (size_t)TT * hd, *vs = as + (size_t)TT * hd, *bs = vs + (size_t)TT * KR_COLS;
@@ -1036,31 +966,102 @@ __global__ void kda_decay_k(float *g, float *bl, const float *dt_bias, const flo
   g[i] = expf(kda_gate1(g[i], dt_bias, A_log, c / hd, c, lb));
 }
 
-/* columns per warp (GLM53_GPU_KDA_CPW=4|8, gk_set_kda_cpw): 4 (default)
- * gives twice the blocks of 8, more warps per SM for the latency-bound
- * token loop, at more shuffles per column (H200, 4096-token prefill: 567
- * vs 599 ms; 2 columns measured 619, unrolling the token loop by 2 +4..16
- * ms: both removed). Another reduction order, the same for decode and
- * prefill. */
-static int g_kr_cpw;
-extern "C" void gk_set_kda_cpw(int cpw) { g_kr_cpw = cpw == 8 || cpw == 4 ? cpw : 0; }
-static int kr_cpw(void) {
-  if (!g_kr_cpw) {
-    const char *e = getenv("GLM53_GPU_KDA_CPW");
-    g_kr_cpw = e && atoi(e) == 8 ? 8 : 4;
+/* The recurrence's layout (GLM53_GPU_KDA_LAYOUT, gk_set_kda_layout): g1 /
+ * g2 / g4, 8 lanes per column with 1, 2 or 4 columns per lane group
+ * (kda_recur8_k; head dims 32, 64 and 128), or w4 / w8, 32 lanes per column
+ * and 4 or 8 columns per warp (kda_recur_k, any head dim; w4 was the
+ * default until the ninth session: H200, 4096-token prefill, w4 567 vs w8
+ * 599 ms; 2 columns 619, the token loop unrolled by 2 +4..16 ms: both
+ * removed). Each is another reduction order, the same for decode and
+ * prefill (the choice depends on the head dim only). */
+static int g_kr_layout;
+extern "C" void gk_set_kda_layout(int layout) { g_kr_layout = layout > 0 && layout <= GK_KR_G4 ? layout : 0; }
+static int kr_layout(int hd) {
+  if (!g_kr_layout) {
+    const char *e = getenv("GLM53_GPU_KDA_LAYOUT");
+    static const char *nm[] = {"", "w4", "w8", "g1", "g2", "g4"};
+    g_kr_layout = GK_KR_G4;
+    for (int i = 1; e && i <= GK_KR_G4; i++)
+      if (!strcmp(e, nm[i])) g_kr_layout = i;
   }
-  return g_kr_cpw;
+  const bool g = hd == 32 || hd == 64 || hd == 128;
+  return g_kr_layout >= GK_KR_G1 && !g ? GK_KR_W4 : g_kr_layout;
+}
+/* tokens per tile: what fits in `budget` bytes (48 KB: no opt-in shared
+ * memory), split over two buffers when copying asynchronously; at most 32,
+ * at most T */
+static int kr_tile_tokens(int hd, int cols, int T, bool async, size_t budget, size_t *smem) {
+  const int nb = async ? 2 : 1;
+  int tt = 32;
+  while (tt > 1 && (size_t)nb * kr_tile_floats(hd, tt, cols) * sizeof(float) > budget) tt--;
+  if (T > 0 && T < tt) tt = T;
+  *smem = (size_t)nb * kr_tile_floats(hd, tt, cols) * sizeof(float);
+  return tt;
+}
+/* Dynamic shared memory that leaves room for one block of kda_recur8_k per
+ * SM, not two or three: more than half of an SM's (0: the device cannot
+ * give a block that much), for grids of at most one block per SM (*sms).
+ * At the model's shape the grid is 128 blocks; with programmatic dependent
+ * launch its blocks are placed while the previous kernel drains, and the
+ * SMs free first took two or three each while others idled (H100, 4096
+ * tokens: 4.1 ms per launch in the bench, 2.3 ms alone under ncu at base
+ * clock). Larger grids (batched decode) keep the small footprint. */
+static size_t kr8_one_per_sm(int *sms) {
+  static long v = -1;
+  static int n;
+  if (v < 0) {
+    cudaDeviceProp p;
+    v = 0;
+    if (cudaGetDeviceProperties(&p, 0) != cudaSuccess) (void)cudaGetLastError();
+    else if (p.sharedMemPerMultiprocessor / 2 + 1024 <= p.sharedMemPerBlockOptin)
+      v = (long)(p.sharedMemPerMultiprocessor / 2 + 1024), n = p.multiProcessorCount;
+  }
+  *sms = n;
+  return (size_t)v;
+}
+/* the instantiation's opt-in to `bytes` of dynamic shared memory, once */
+template <int MODE, int MM, int C, bool ASYNC> static bool kr8_smem(size_t bytes) {
+  static int ok = -1;
+  if (ok < 0) {
+    ok = cudaFuncSetAttribute((const void *)kda_recur8_k<MODE, MM, ASYNC, C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              (int)bytes) == cudaSuccess;
+    if (!ok) (void)cudaGetLastError();
+  }
+  return ok;
+}
+template <int MODE, int MM, int C, bool ASYNC>
+static void kr8_launch(const gk_batch *b, const float *qkv, const float *g, const float *dt_bias, const float *A_log,
+                       float lb, const float *bl, int T, int H, float *o) {
+  /* long launches (the copied tiles: prefill, never in a decode graph, so
+   * the opt-in is not called during a capture): one block per SM where the
+   * device allows it, tiles of up to 32 tokens in that room; else tiles in
+   * 48 KB */
+  int sms = 0;
+  const size_t one = ASYNC ? kr8_one_per_sm(&sms) : 0;
+  dim3 grid(H, gk_blocks(8 * MM, KR8_COLS), b->nseg);
+  const bool big = one > 48 * 1024 && (long)grid.x * grid.y * grid.z <= sms && kr8_smem<MODE, MM, C, ASYNC>(one);
+  size_t sm;
+  const int tt = kr_tile_tokens(8 * MM, KR8_COLS, T, ASYNC, big ? one : 48 * 1024, &sm);
+  if (big) sm = one;
+  gk_launch(kda_recur8_k<MODE, MM, ASYNC, C>, grid, kr8_threads<C>(), sm, *b, qkv, g, dt_bias, A_log, lb, bl, H, tt, o);
+}
+template <int MODE, int MM>
+static void kr8_run(int layout, const gk_batch *b, const float *qkv, const float *g, const float *dt_bias,
+                    const float *A_log, float lb, const float *bl, int T, int H, float *o, bool async) {
+#define KR8_L(C)                                                                     \
+  (async ? kr8_launch<MODE, MM, C, true>(b, qkv, g, dt_bias, A_log, lb, bl, T, H, o) \
+         : kr8_launch<MODE, MM, C, false>(b, qkv, g, dt_bias, A_log, lb, bl, T, H, o))
+  if (layout == GK_KR_G1) KR8_L(1);
+  else if (layout == GK_KR_G4) KR8_L(4);
+  else KR8_L(2);
+#undef KR8_L
 }
 template <int MODE, int MM, int CPW>
 static void kr_launch_c(const gk_batch *b, const float *qkv, const float *g, const float *dt_bias, const float *A_log,
                         float lb, const float *bl, int T, int H, int hd, float *o, bool async) {
-  /* tokens per tile: what fits in 48 KB (no opt-in shared memory), split
-   * over two buffers when copying asynchronously; at most 32, at most T */
-  const int nb = async ? 2 : 1, cols = CPW * KR_WARPS;
-  int tt = 32;
-  while (tt > 1 && (size_t)nb * kr_tile_floats(hd, tt, cols) * sizeof(float) > 48 * 1024) tt--;
-  if (T > 0 && T < tt) tt = T;
-  const size_t sm = (size_t)nb * kr_tile_floats(hd, tt, cols) * sizeof(float);
+  const int cols = CPW * KR_WARPS;
+  size_t sm;
+  const int tt = kr_tile_tokens(hd, cols, T, async, 48 * 1024, &sm);
   dim3 grid(H, gk_blocks(hd, cols), b->nseg);
   const bool full = hd == 32 * MM;
   if (async && full)
@@ -1076,7 +1077,7 @@ static void kr_launch_c(const gk_batch *b, const float *qkv, const float *g, con
 template <int MODE, int MM>
 static void kr_launch(const gk_batch *b, const float *qkv, const float *g, const float *dt_bias, const float *A_log,
                       float lb, const float *bl, int T, int H, int hd, float *o, bool async) {
-  if (kr_cpw() == 8) kr_launch_c<MODE, MM, 8>(b, qkv, g, dt_bias, A_log, lb, bl, T, H, hd, o, async);
+  if (kr_layout(hd) == GK_KR_W8) kr_launch_c<MODE, MM, 8>(b, qkv, g, dt_bias, A_log, lb, bl, T, H, hd, o, async);
   else kr_launch_c<MODE, MM, 4>(b, qkv, g, dt_bias, A_log, lb, bl, T, H, hd, o, async);
 }
 template <int MODE>
@@ -1086,7 +1087,12 @@ static int kr_run(const gk_batch *b, const float *qkv, const float *g, const flo
   if (batch_ok(b, "kda_recur")) return -1;
   /* cp.async tiles: CUDA, 16-byte rows (the decay given, not the raw gate) */
   const bool async = !GK_HIP && MODE != KR_RAW && hd % 4 == 0 && (uintptr_t)qkv % 16 == 0 && (uintptr_t)g % 16 == 0;
-  if (hd <= 32) kr_launch<MODE, 1>(b, qkv, g, dt_bias, A_log, lb, bl, T, H, hd, o, async);
+  const int layout = kr_layout(hd);
+  if (layout >= GK_KR_G1) {
+    if (hd == 32) kr8_run<MODE, 4>(layout, b, qkv, g, dt_bias, A_log, lb, bl, T, H, o, async);
+    else if (hd == 64) kr8_run<MODE, 8>(layout, b, qkv, g, dt_bias, A_log, lb, bl, T, H, o, async);
+    else kr8_run<MODE, 16>(layout, b, qkv, g, dt_bias, A_log, lb, bl, T, H, o, async);
+  } else if (hd <= 32) kr_launch<MODE, 1>(b, qkv, g, dt_bias, A_log, lb, bl, T, H, hd, o, async);
   else if (hd <= 64) kr_launch<MODE, 2>(b, qkv, g, dt_bias, A_log, lb, bl, T, H, hd, o, async);
   else if (hd <= 128) kr_launch<MODE, 4>(b, qkv, g, dt_bias, A_log, lb, bl, T, H, hd, o, async);
   else kr_launch<MODE, 8>(b, qkv, g, dt_bias, A_log, lb, bl, T, H, hd, o, async);

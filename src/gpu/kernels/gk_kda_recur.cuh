@@ -1,0 +1,295 @@
+/* The KDA delta-rule recurrence's tile staging (shared by both token
+ * kernels) and its 8-lanes-per-column kernel. Apart from gk_layers.cu so
+ * that tests/unit/test_kda_recur_emu.cpp can run them on the host through
+ * tests/emu/cuda_emu.h: the includer provides gk_device.cuh, float4,
+ * __shfl_xor_sync, __shfl_sync and GK_PDL_BEGIN. */
+#ifndef GLM53_GPU_GK_KDA_RECUR_CUH
+#define GLM53_GPU_GK_KDA_RECUR_CUH
+
+/* MODE: how g gives the decay a = exp(gate): 0 g is the log decay, 1 g is
+ * the raw gate projection (kda_gate1), 2 g is the decay itself and bl is
+ * beta itself (not its logit) */
+enum { KR_LOG = 0, KR_RAW = 1, KR_DECAY = 2 };
+
+#if !GK_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define KR_CP_ASYNC 1
+#else
+#define KR_CP_ASYNC 0
+#endif
+__device__ __forceinline__ void kr_cp16(float *sm, const float *g) {
+#if KR_CP_ASYNC
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(sm)), "l"(g) : "memory");
+#else
+  *(float4 *)sm = *(const float4 *)g;
+#endif
+}
+__device__ __forceinline__ void kr_cp4(float *sm, const float *g) {
+#if KR_CP_ASYNC
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((unsigned)__cvta_generic_to_shared(sm)), "l"(g) : "memory");
+#else
+  *sm = *g;
+#endif
+}
+__device__ __forceinline__ void kr_commit(void) {
+#if KR_CP_ASYNC
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N> __device__ __forceinline__ void kr_wait(void) {
+#if KR_CP_ASYNC
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+/* floats of one tile buffer: q, k, a [TT][hd], v [TT][cols], beta [TT] */
+__host__ __device__ __forceinline__ size_t kr_tile_floats(int hd, int tt, int cols) {
+  return ((size_t)tt * (3 * hd + cols + 1) + 3) & ~(size_t)3;
+}
+
+/* Tile of nt tokens from token tb into buf (layout of kr_tile_floats): q, k
+ * and the decay of head h, v of the block's COLS columns from c0 (zeros
+ * past hd), beta. ASYNC: cp.async of 16-byte rows (the decay given, not the
+ * raw gate), committed by the caller; else one coalesced pass computing
+ * the decay (MODE) as it reads. */
+template <int MODE, bool ASYNC, int COLS>
+__device__ __forceinline__ void kr_load(const float *qkv, const float *g, const float *dt_bias, const float *A_log,
+                                        float lb, const float *bl, int H, int hd, int h, int c0, int TT, int tb, int nt,
+                                        float *buf) {
+  const int inner = H * hd, nth = blockDim.x;
+  float *qs = buf, *ks = qs + (size_t)TT * hd, *as = ks + (size_t)TT * hd, *vs = as + (size_t)TT * hd,
+        *bs = vs + (size_t)TT * COLS;
+  if (ASYNC) {
+    const int q4 = hd / 4;
+    for (int e = threadIdx.x; e < nt * q4; e += nth) {
+      const int u = e / q4, i = 4 * (e - u * q4);
+      const size_t t = (size_t)tb + u;
+      const float *row = qkv + t * 3 * inner + h * hd + i;
+      kr_cp16(qs + u * hd + i, row);
+      kr_cp16(ks + u * hd + i, row + inner);
+      kr_cp16(as + u * hd + i, g + t * inner + h * hd + i);
+    }
+    for (int e = threadIdx.x; e < nt * (COLS / 4); e += nth) {
+      const int u = e / (COLS / 4), jj = 4 * (e - u * (COLS / 4)), j = c0 + jj;
+      if (j < hd) kr_cp16(vs + u * COLS + jj, qkv + ((size_t)tb + u) * 3 * inner + 2 * inner + h * hd + j);
+      else *(float4 *)(vs + u * COLS + jj) = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    for (int e = threadIdx.x; e < nt; e += nth) kr_cp4(bs + e, bl + ((size_t)tb + e) * H + h);
+  } else {
+    for (int e = threadIdx.x; e < nt * hd; e += nth) {
+      const int u = e / hd, i = e - u * hd;
+      const size_t t = (size_t)tb + u;
+      const float *row = qkv + t * 3 * inner;
+      qs[e] = row[h * hd + i];
+      ks[e] = row[inner + h * hd + i];
+      const float gv = g[t * inner + h * hd + i];
+      as[e] = MODE == KR_DECAY ? gv : expf(MODE == KR_RAW ? kda_gate1(gv, dt_bias, A_log, h, h * hd + i, lb) : gv);
+    }
+    for (int e = threadIdx.x; e < nt * COLS; e += nth) {
+      const int u = e / COLS, j = c0 + (e - u * COLS);
+      vs[e] = j < hd ? qkv[((size_t)tb + u) * 3 * inner + 2 * inner + h * hd + j] : 0.f;
+    }
+    for (int e = threadIdx.x; e < nt; e += nth) bs[e] = bl[((size_t)tb + e) * H + h];
+  }
+}
+
+/* ---- 8 lanes per column ----
+ * The 32-lanes-per-column kernel (gk_layers.cu kda_recur_k) spends most of
+ * its issue slots on 32-lane reductions (191 instructions per token and
+ * warp for 4 columns' 64 products per lane, ncu). Here a column's hd rows
+ * are spread over the 8 lanes of a lane group (MM = hd / 8 rows each: lane
+ * s of the group holds rows 32 q + 4 s + e, so the group's 16-byte shared
+ * loads of q, k and the decay are 128 contiguous bytes), a group holds C
+ * columns (a warp's four groups 4 C), and a column's sum is 3 shuffle
+ * stages within the group (C = 1 needs no shuffle to share it back).
+ * Per lane the products of a column run in MM / 4 partial sums of 4 rows
+ * (fixed tree), so the FMA chains are short. Blocks of NW warps hold
+ * KR8_COLS = 64 columns (two blocks per head at hd = 128: the q, k and
+ * decay tiles are staged once per 64 columns instead of per 16). Every
+ * token's arithmetic is the same whatever the tiling: decode (T = 1, the
+ * gate transformed as the tile is read) and prefill (the decay
+ * precomputed) agree bitwise. Needs hd == 8 MM with MM % 4 == 0. */
+#define KR8_COLS 64
+/* C columns per lane: after kr8_reduce lane s of a group holds the sum of
+ * the group's column kr8_col(s); kr8_lane(c) is a lane holding column c */
+template <int C> __device__ __forceinline__ int kr8_col(int s) {
+  return C == 4 ? ((s >> 2) & 1) * 2 + ((s >> 1) & 1) : C == 2 ? (s >> 2) & 1 : 0;
+}
+template <int C> __device__ __forceinline__ int kr8_lane(int c) { return C == 4 ? (c >> 1) * 4 + (c & 1) * 2 : C == 2 ? c * 4 : 0; }
+/* the 8-lane sums of column kr8_col(s) from two sets of C per-lane
+ * partials, x and y, stage by stage so that their shuffles overlap (the
+ * lanes sharing a column get the same bits: each stage adds a pair both
+ * ways) */
+template <int C> __device__ __forceinline__ void kr8_reduce2(const float *x, const float *y, int s, float *rx, float *ry) {
+  const bool u4 = s & 4, u2 = s & 2;
+  float a, b;
+  if (C == 4) {
+    float wa[2], wb[2];
+#pragma unroll
+    for (int c = 0; c < 2; c++) {
+      const float sa = __shfl_xor_sync(0xffffffffu, u4 ? x[c] : x[c + 2], 4);
+      const float sb = __shfl_xor_sync(0xffffffffu, u4 ? y[c] : y[c + 2], 4);
+      wa[c] = (u4 ? x[c + 2] : x[c]) + sa;
+      wb[c] = (u4 ? y[c + 2] : y[c]) + sb;
+    }
+    const float sa = __shfl_xor_sync(0xffffffffu, u2 ? wa[0] : wa[1], 2);
+    const float sb = __shfl_xor_sync(0xffffffffu, u2 ? wb[0] : wb[1], 2);
+    a = (u2 ? wa[1] : wa[0]) + sa;
+    b = (u2 ? wb[1] : wb[0]) + sb;
+  } else {
+    if (C == 2) {
+      const float sa = __shfl_xor_sync(0xffffffffu, u4 ? x[0] : x[1], 4);
+      const float sb = __shfl_xor_sync(0xffffffffu, u4 ? y[0] : y[1], 4);
+      a = (u4 ? x[1] : x[0]) + sa;
+      b = (u4 ? y[1] : y[0]) + sb;
+    } else {
+      const float sa = __shfl_xor_sync(0xffffffffu, x[0], 4), sb = __shfl_xor_sync(0xffffffffu, y[0], 4);
+      a = x[0] + sa;
+      b = y[0] + sb;
+    }
+    const float sa = __shfl_xor_sync(0xffffffffu, a, 2), sb = __shfl_xor_sync(0xffffffffu, b, 2);
+    a += sa;
+    b += sb;
+  }
+  const float sa = __shfl_xor_sync(0xffffffffu, a, 1), sb = __shfl_xor_sync(0xffffffffu, b, 1);
+  *rx = a + sa;
+  *ry = b + sb;
+}
+/* sum of the MM products of one lane's rows: MM / 4 chains of 4, then a
+ * fixed pairwise tree */
+template <int MM> __device__ __forceinline__ float kr8_tree(float *r) {
+#pragma unroll
+  for (int st = 1; st < MM / 4; st *= 2)
+#pragma unroll
+    for (int q = 0; q + st < MM / 4; q += 2 * st) r[q] += r[q + st];
+  return r[0];
+}
+/* the lane's MM rows of a shared or global vector (hd == 8 MM) */
+template <int MM> __device__ __forceinline__ void kr8_rows(const float *v, int s, float *out) {
+#pragma unroll
+  for (int q = 0; q < MM / 4; q++) {
+    const float4 x = *(const float4 *)(v + 32 * q + 4 * s);
+    out[4 * q] = x.x, out[4 * q + 1] = x.y, out[4 * q + 2] = x.z, out[4 * q + 3] = x.w;
+  }
+}
+/* threads per block: NW = 16 / C warps */
+template <int C> __host__ __device__ constexpr int kr8_threads() { return 32 * (16 / C); }
+
+/* grid (H, ceil(hd / KR8_COLS), nseg), kr8_threads<C>() threads; the
+ * shared tiles as kr_tile_floats(hd, TT, KR8_COLS), twice when ASYNC */
+template <int MODE, int MM, bool ASYNC, int C>
+__global__ void __launch_bounds__(kr8_threads<C>()) kda_recur8_k(gk_batch b, const float *qkv, const float *g,
+                                                                 const float *dt_bias, const float *A_log, float lb,
+                                                                 const float *bl, int H, int TT, float *o) {
+  GK_PDL_BEGIN();
+  enum { HD = 8 * MM, CPW = 4 * C };
+  GK_DYN_SMEM(float, kr8_sh);
+  const int h = blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31, s = lane & 7, gp = lane >> 3;
+  const int c0 = blockIdx.y * KR8_COLS, cl = w * CPW + gp * C; /* the lane's first column, block-local */
+  const int my = cl + kr8_col<C>(s);                            /* the column whose sums the lane ends with */
+  const gk_seg sg = b.seg[blockIdx.z];
+  const int t0 = sg.t0, T = t0 + sg.len, inner = H * HD;
+  float *S = sg.ls[b.layer].p[GK_ST_S];
+  const size_t tf = kr_tile_floats(HD, TT, KR8_COLS);
+  float st[C][MM];
+#pragma unroll
+  for (int c = 0; c < C; c++) {
+    const int j = c0 + cl + c;
+    if (j < HD) kr8_rows<MM>(S + ((size_t)h * HD + j) * HD, s, st[c]);
+    else
+#pragma unroll
+      for (int m = 0; m < MM; m++) st[c][m] = 0.f;
+  }
+  if (ASYNC && t0 < T) {
+    kr_load<MODE, true, KR8_COLS>(qkv, g, dt_bias, A_log, lb, bl, H, HD, h, c0, TT, t0, T - t0 < TT ? T - t0 : TT, kr8_sh);
+    kr_commit();
+  }
+  /* the previous token's S^T q partials: reduced together with this
+   * token's S^T k (the output is off the recurrence's critical path, its
+   * shuffles overlap those of the next token); tp is that token, -1 none */
+  float po[C];
+#pragma unroll
+  for (int c = 0; c < C; c++) po[c] = 0.f;
+  int tp = -1;
+  const bool olane = (s & (8 / C - 1)) == 0 && c0 + my < HD; /* one lane per column stores */
+  const size_t ocol = (size_t)h * HD + c0 + my;
+  int n = 0;
+  for (int tb = t0; tb < T; tb += TT, n++) {
+    const int nt = T - tb < TT ? T - tb : TT;
+    float *cur = kr8_sh + (ASYNC && (n & 1) ? tf : 0);
+    if (ASYNC) {
+      if (tb + TT < T) {
+        kr_load<MODE, true, KR8_COLS>(qkv, g, dt_bias, A_log, lb, bl, H, HD, h, c0, TT, tb + TT,
+                                      T - tb - TT < TT ? T - tb - TT : TT, kr8_sh + ((n & 1) ? 0 : tf));
+        kr_commit();
+        kr_wait<1>();
+      } else {
+        kr_wait<0>();
+      }
+      __syncthreads();
+    } else {
+      __syncthreads(); /* the previous tile is consumed */
+      kr_load<MODE, false, KR8_COLS>(qkv, g, dt_bias, A_log, lb, bl, H, HD, h, c0, TT, tb, nt, cur);
+      __syncthreads();
+    }
+    const float *qs = cur, *ks = qs + (size_t)TT * HD, *as = ks + (size_t)TT * HD, *vs = as + (size_t)TT * HD,
+                *bs = vs + (size_t)TT * KR8_COLS;
+    for (int u = 0; u < nt; u++) {
+      float av[MM], kv[MM], qv[MM], p[C];
+      kr8_rows<MM>(as + u * HD, s, av);
+      kr8_rows<MM>(ks + u * HD, s, kv);
+      kr8_rows<MM>(qs + u * HD, s, qv);
+      if (ASYNC && MODE == KR_LOG) /* the async copy is raw */
+#pragma unroll
+        for (int m = 0; m < MM; m++) av[m] = expf(av[m]);
+#pragma unroll
+      for (int c = 0; c < C; c++) {
+        float r[MM / 4];
+#pragma unroll
+        for (int q = 0; q < MM / 4; q++) {
+          r[q] = 0.f;
+#pragma unroll
+          for (int e = 0; e < 4; e++) {
+            st[c][4 * q + e] *= av[4 * q + e];
+            r[q] += st[c][4 * q + e] * kv[4 * q + e];
+          }
+        }
+        p[c] = kr8_tree<MM>(r);
+      }
+      float r, ov;
+      kr8_reduce2<C>(p, po, s, &r, &ov);
+      if (tp >= 0 && olane) o[(size_t)tp * inner + ocol] = ov;
+      const float delta = (MODE == KR_DECAY ? bs[u] : sigm(bs[u])) * (vs[u * KR8_COLS + my] - r);
+#pragma unroll
+      for (int c = 0; c < C; c++) {
+        const float d = C == 1 ? delta : __shfl_sync(0xffffffffu, delta, (gp << 3) + kr8_lane<C>(c));
+        float oo[MM / 4];
+#pragma unroll
+        for (int q = 0; q < MM / 4; q++) {
+          oo[q] = 0.f;
+#pragma unroll
+          for (int e = 0; e < 4; e++) {
+            st[c][4 * q + e] += kv[4 * q + e] * d;
+            oo[q] += st[c][4 * q + e] * qv[4 * q + e];
+          }
+        }
+        po[c] = kr8_tree<MM>(oo);
+      }
+      tp = tb + u;
+    }
+    if (ASYNC) __syncthreads(); /* cur is the target of the copy issued next round */
+  }
+  if (tp >= 0) { /* the last token's output (tp is the same in every thread) */
+    float r, ov;
+    kr8_reduce2<C>(po, po, s, &r, &ov);
+    if (olane) o[(size_t)tp * inner + ocol] = ov;
+  }
+#pragma unroll
+  for (int c = 0; c < C; c++) {
+    const int j = c0 + cl + c;
+    if (j >= HD) continue;
+    float *Sj = S + ((size_t)h * HD + j) * HD;
+#pragma unroll
+    for (int q = 0; q < MM / 4; q++)
+      *(float4 *)(Sj + 32 * q + 4 * s) = make_float4(st[c][4 * q], st[c][4 * q + 1], st[c][4 * q + 2], st[c][4 * q + 3]);
+  }
+}
+#endif
