@@ -127,7 +127,9 @@ __device__ void sinkhorn_dev(float *L, int n, int iters, float eps) {
  * the collapsed row y stays in registers between its sum of squares and
  * its normalisation, and warp 0 runs the Sinkhorn (a latency chain of ~20 x
  * 2 normalisations) while warps 1.. collapse and normalise. VEC: D % 4 == 0
- * and 16-byte rows (else the same steps with scalar loads). */
+ * and 16-byte rows (else the same steps with scalar loads). HC: the stream
+ * count compiled in (H100, decode, alone under ncu: 24.5 -> 14.6 us; the
+ * inputs loaded up front: 14.2; the Sinkhorn is then the longest path). */
 #define MHC_YK 8 /* float4 of y held in registers per thread */
 /* the pre-weighted sum of the hc streams at float4 column c; its squares
  * are added to s2 in element order */
@@ -147,12 +149,13 @@ __device__ __forceinline__ float4 mhc_collapse4(const float4 *X4, const float *p
   s2 += a.w * a.w;
   return a;
 }
-template <bool VEC, bool CACHE>
+template <bool VEC, bool CACHE, int HC>
 __global__ void mhc_pre_k(const float *X, const float *mixraw, const float *ssq, const float *base, const float *scale,
-                          const float *norm_w, int hc, int D, int iters, float hc_eps, float rms_eps, float *post, float *comb,
+                          const float *norm_w, int hc_, int D, int iters, float hc_eps, float rms_eps, float *post, float *comb,
                           float *y) {
   GK_PDL_BEGIN();
-  __shared__ float sh[32];
+  const int hc = HC ? HC : hc_; /* HC: the stream count compiled in (the same operations, unrolled) */
+  __shared__ float sh[32], sh2[32]; /* block_sum's partials; the y sums' (apart: no barrier between their uses) */
   __shared__ float pre[MAX_HC];
   extern __shared__ float4 mhc_xs[]; /* CACHE: the token's streams, read once from memory */
   const int t = blockIdx.x, n = hc * D, mix = (2 + hc) * hc, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -160,10 +163,23 @@ __global__ void mhc_pre_k(const float *X, const float *mixraw, const float *ssq,
   const float4 *X4 = CACHE ? mhc_xs : (const float4 *)Xt;
   const float *mu = mixraw + (size_t)t * mix;
   const int D4 = D / 4;
+  /* HC: the mixing inputs loaded up front, beside X (each was a global round
+   * trip on the path after the sum of squares), and every thread computes
+   * the pre weights itself (no barrier); the same expressions */
+  constexpr int H1 = HC ? HC : 1;
+  float hm[H1], hb[H1], hs0 = 0.f, pm = 0.f, pb = 0.f, ps1 = 0.f, sv = 0.f, sb = 0.f, ss2 = 0.f;
+  if (HC) {
+#pragma unroll
+    for (int i = 0; i < H1; i++) hm[i] = mu[i], hb[i] = base[i];
+    hs0 = scale[0];
+    if ((int)threadIdx.x < HC) pm = mu[HC + threadIdx.x], pb = base[HC + threadIdx.x], ps1 = scale[1];
+    if (w == 0 && lane < HC * HC) sv = mu[2 * HC + lane], sb = base[2 * HC + lane];
+    if (w == 0) ss2 = scale[2];
+  }
   float ss = 0;
   if (ssq) { /* gk_mhc_proj's sum of squares: no first pass over X */
   } else if (VEC) {
-#pragma unroll 8
+#pragma unroll 16 /* one round trip at decode (16 float4 per thread at the model's 4 x 4096) */
     for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
       const float4 v = ((const float4 *)Xt)[i];
       if (CACHE) mhc_xs[i] = v; /* visible to the collapse after block_sum's barriers */
@@ -178,18 +194,26 @@ __global__ void mhc_pre_k(const float *X, const float *mixraw, const float *ssq,
   }
   ss = ssq ? ssq[t] : block_sum(ss, sh);
   const float r = 1.0f / sqrtf(ss / n + rms_eps);
-  if (threadIdx.x < hc) {
-    pre[threadIdx.x] = sigm(scale[0] * (mu[threadIdx.x] * r) + base[threadIdx.x]) + hc_eps;
-    post[t * hc + threadIdx.x] = 2.0f * sigm(scale[1] * (mu[hc + threadIdx.x] * r) + base[hc + threadIdx.x]);
+  float prer[H1];
+  if (HC) {
+#pragma unroll
+    for (int i = 0; i < H1; i++) prer[i] = sigm(hs0 * (hm[i] * r) + hb[i]) + hc_eps;
+    if ((int)threadIdx.x < HC) post[t * HC + threadIdx.x] = 2.0f * sigm(ps1 * (pm * r) + pb);
+  } else {
+    if (threadIdx.x < hc) {
+      pre[threadIdx.x] = sigm(scale[0] * (mu[threadIdx.x] * r) + base[threadIdx.x]) + hc_eps;
+      post[t * hc + threadIdx.x] = 2.0f * sigm(scale[1] * (mu[hc + threadIdx.x] * r) + base[hc + threadIdx.x]);
+    }
+    __syncthreads();
   }
-  __syncthreads();
+  const float *pw = HC ? prer : pre;
   const int nth = blockDim.x - 32, tid = threadIdx.x - 32;
   float *yt = y + (size_t)t * D;
   float4 yr[MHC_YK];
   if (w == 0) {
     if (hc * hc <= 32) { /* lane (g, h) holds L[g][h]; the serial path's operations in its order */
       const int nn = hc * hc, g = lane / hc, h = lane % hc;
-      float v = lane < nn ? scale[2] * (mu[2 * hc + lane] * r) + base[2 * hc + lane] : 0.f;
+      float v = lane >= nn ? 0.f : HC ? ss2 * (sv * r) + sb : scale[2] * (mu[2 * hc + lane] * r) + base[2 * hc + lane];
       float mx = __shfl_sync(0xffffffffu, v, g * hc);
       for (int j = 1; j < hc; j++) mx = fmaxf(mx, __shfl_sync(0xffffffffu, v, g * hc + j));
       const float e = expf(v - mx);
@@ -219,24 +243,24 @@ __global__ void mhc_pre_k(const float *X, const float *mixraw, const float *ssq,
     for (int k = 0; k < MHC_YK; k++) {
       const int c = tid + k * nth;
       if (c < D4) {
-        yr[k] = mhc_collapse4(X4, pre, hc, D4, c, s2);
+        yr[k] = mhc_collapse4(X4, pw, hc, D4, c, s2);
       }
     }
     for (int c = tid + MHC_YK * nth; c < D4; c += nth) { /* past the registers: y holds the sums */
-      ((float4 *)yt)[c] = mhc_collapse4(X4, pre, hc, D4, c, s2);
+      ((float4 *)yt)[c] = mhc_collapse4(X4, pw, hc, D4, c, s2);
     }
     s2 = warp_sum(s2);
-    if (lane == 0) sh[w] = s2;
+    if (lane == 0) sh2[w] = s2;
   } else {
     float s2 = 0;
     for (int d = tid; d < D; d += nth) {
       float a = 0;
-      for (int s = 0; s < hc; s++) a += pre[s] * Xt[(size_t)s * D + d];
+      for (int s = 0; s < hc; s++) a += pw[s] * Xt[(size_t)s * D + d];
       yt[d] = a;
       s2 += a * a;
     }
     s2 = warp_sum(s2);
-    if (lane == 0) sh[w] = s2;
+    if (lane == 0) sh2[w] = s2;
   }
   /* the y warps meet (named barrier 1 without warp 0; HIP: all threads) */
 #if GK_HIP
@@ -246,7 +270,7 @@ __global__ void mhc_pre_k(const float *X, const float *mixraw, const float *ssq,
 #endif
   if (w) {
     float s2 = 0;
-    for (int i = 1; i < (int)(blockDim.x >> 5); i++) s2 += sh[i];
+    for (int i = 1; i < (int)(blockDim.x >> 5); i++) s2 += sh2[i];
     const float r2 = 1.0f / sqrtf(s2 / D + rms_eps);
     if (VEC) {
       const float4 *nw4 = (const float4 *)norm_w;
@@ -271,7 +295,7 @@ __global__ void mhc_pre_k(const float *X, const float *mixraw, const float *ssq,
 static bool mhc_cache_smem(size_t bytes) {
   static size_t done;
   if (bytes <= done) return true;
-  if (cudaFuncSetAttribute((const void *)mhc_pre_k<true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes) !=
+  if (cudaFuncSetAttribute((const void *)mhc_pre_k<true, true, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes) !=
       cudaSuccess) {
     (void)cudaGetLastError();
     return false;
@@ -292,13 +316,16 @@ extern "C" int gk_mhc_pre(const float *X, const float *mixraw, const float *ssq,
   if (cache_on < 0) cache_on = !(getenv("GLM53_GPU_MHC_CACHE") && !strcmp(getenv("GLM53_GPU_MHC_CACHE"), "0"));
   const size_t xs = (size_t)hc * D * sizeof(float);
   if (vec && !ssq && cache_on && T >= 1024 && xs <= 96 * 1024 && mhc_cache_smem(xs))
-    gk_launch(mhc_pre_k<true, true>, T, 256, xs, X, mixraw, ssq, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post, comb,
-              y);
+    gk_launch(mhc_pre_k<true, true, 0>, T, 256, xs, X, mixraw, ssq, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post,
+              comb, y);
+  else if (vec && hc == 4) /* the model's 4 streams compiled in: the collapse's loads and the Sinkhorn's shuffles unrolled */
+    gk_launch(mhc_pre_k<true, false, 4>, T, 256, 0, X, mixraw, ssq, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post,
+              comb, y);
   else if (vec)
-    gk_launch(mhc_pre_k<true, false>, T, 256, 0, X, mixraw, ssq, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post, comb,
-              y);
+    gk_launch(mhc_pre_k<true, false, 0>, T, 256, 0, X, mixraw, ssq, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post,
+              comb, y);
   else
-    gk_launch(mhc_pre_k<false, false>, T, 256, 0, X, mixraw, ssq, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post,
+    gk_launch(mhc_pre_k<false, false, 0>, T, 256, 0, X, mixraw, ssq, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post,
               comb, y);
   return GK_LAUNCHED("mhc_pre");
 }
@@ -1010,11 +1037,13 @@ static size_t kr8_one_per_sm(int *sms) {
   static long v = -1;
   static int n;
   if (v < 0) {
-    cudaDeviceProp p;
     v = 0;
+#if !GK_HIP /* HIP launches without PDL (and a CU's 64 KB of LDS leave no such room) */
+    cudaDeviceProp p;
     if (cudaGetDeviceProperties(&p, 0) != cudaSuccess) (void)cudaGetLastError();
     else if (p.sharedMemPerMultiprocessor / 2 + 1024 <= p.sharedMemPerBlockOptin)
       v = (long)(p.sharedMemPerMultiprocessor / 2 + 1024), n = p.multiProcessorCount;
+#endif
   }
   *sms = n;
   return (size_t)v;
@@ -1365,11 +1394,12 @@ __global__ void moe_route_k(const float *logits, const float *bias, int T, int E
                             float scaling, int *idx, float *wt, const gpu_mat *wset, long pfb) {
   GK_PDL_BEGIN();
   __shared__ float s_sig[ROUTE_WARPS][E_MAX], s_ch[ROUTE_WARPS][E_MAX], s_gs[ROUTE_WARPS][64];
-  __shared__ int s_srt[ROUTE_WARPS][64];
+  __shared__ int s_srt[ROUTE_WARPS][64], s_id[ROUTE_WARPS][64];
   __shared__ unsigned char s_ok[ROUTE_WARPS][E_MAX], s_gok[ROUTE_WARPS][64];
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, t = blockIdx.x * ROUTE_WARPS + w;
   if (t >= T) return; /* the whole warp: no block barrier below */
   float *sig = s_sig[w], *choice = s_ch[w], *gs = s_gs[w];
+  int *sid = s_id[w];
   unsigned char *ok = s_ok[w], *gok = s_gok[w];
   const float *lg = logits + (size_t)t * E;
   for (int e = lane; e < E; e += 32) {
@@ -1405,16 +1435,17 @@ __global__ void moe_route_k(const float *logits, const float *bias, int T, int E
     __syncwarp();
     if (lane == 0) {
       id[m] = e;
+      sid[m] = e; /* the weights below read the shared copy: id[] in global memory would be a round trip per read */
       if (e >= 0) ok[e] = 0;
     }
     __syncwarp();
   }
-  if (wset && pfb > 0) route_prefetch(wset, id, k, pfb / T, s_srt[w]);
+  if (wset && pfb > 0) route_prefetch(wset, sid, k, pfb / T, s_srt[w]);
   if (lane) return;
   double sum = 0;
-  for (int i = 0; i < k; i++) sum += id[i] >= 0 ? sig[id[i]] : 0.0f;
+  for (int i = 0; i < k; i++) sum += sid[i] >= 0 ? sig[sid[i]] : 0.0f;
   for (int i = 0; i < k; i++) {
-    double v = id[i] >= 0 ? sig[id[i]] : 0.0;
+    double v = sid[i] >= 0 ? sig[sid[i]] : 0.0;
     if (norm) v /= sum + 1e-20;
     wt[(size_t)t * k + i] = (float)(v * scaling);
   }
