@@ -52,12 +52,14 @@ if [ "$PART" != bench ]; then
   # the chunked KDA prefill form (opt-in) on both backends
   step quality_compare.kda_chunked 60 env GLM53_KDA_PREFILL=chunked "$D/glm53" quality --model models/tiny --text tests/data/tiny/heldout.txt --compare-backends --max-tokens 2048
   P='The Python interpreter is'
+  rm -f /tmp/run_gpu.txt /tmp/run_cpu.txt /tmp/run_gpu_s.txt # a step left out by ONLY compares nothing stale
   step run_gpu 20 sh -c "'$D/glm53' run --model models/tiny --backend gpu -p '$P' --max-tokens 64 --temperature 0 >/tmp/run_gpu.txt"
   step run_cpu 20 sh -c "'$D/glm53' run --model models/tiny --backend cpu -p '$P' --max-tokens 64 --temperature 0 >/tmp/run_cpu.txt"
   step run_gpu_streamed 20 sh -c "'$D/glm53' run --model models/tiny --backend gpu --gpu-expert-gb 0 -p '$P' --max-tokens 64 --temperature 0 >/tmp/run_gpu_s.txt"
   echo "--- gpu text:"; cat /tmp/run_gpu.txt 2>/dev/null; echo
   for o in cpu gpu_s; do
-    if cmp -s /tmp/run_gpu.txt /tmp/run_$o.txt && [ -s /tmp/run_gpu.txt ]; then echo "greedy run gpu vs $o: IDENTICAL"; else echo "greedy run gpu vs $o: DIFFERENT"; fi
+    if ! [ -s /tmp/run_gpu.txt ] || ! [ -s /tmp/run_$o.txt ]; then echo "greedy run gpu vs $o: not run"
+    elif cmp -s /tmp/run_gpu.txt /tmp/run_$o.txt; then echo "greedy run gpu vs $o: IDENTICAL"; else echo "greedy run gpu vs $o: DIFFERENT"; fi
   done
 fi
 if [ "$PART" != tests ]; then
