@@ -9,6 +9,7 @@
  * kernels' indexing and the chunked math are checked on every CI run; the
  * device test (test_gpu_kernels) compares them with the GPU token kernel. */
 #include "emu/cuda_emu.h"
+#include "emu/kda_inputs.h"
 extern "C" {
 #include "gpu/kernels/gk.h"
 #include "model/layers.h"
@@ -19,29 +20,13 @@ extern "C" {
 #include "gpu/kernels/gk_device.cuh"
 #include "gpu/kernels/gk_kda_chunk.cuh"
 
-static uint64_t g_s = 0x9e3779b97f4a7c15ull;
-static float rf() { /* [-1, 1) */
-  g_s ^= g_s << 13; g_s ^= g_s >> 7; g_s ^= g_s << 17;
-  return (float)((g_s >> 11) * (2.0 / 9007199254740992.0) - 1.0);
-}
+static emu_rng rf{0x9e3779b97f4a7c15ull};
 template <int HD, int KC, bool FACT> static void chunk_case(const int *lens, int nseg, float lb, float gshift = 0) {
   const int H = 2, inner = H * HD, ch = 3 * inner;
   int T = 0, maxlen = 0;
   for (int z = 0; z < nseg; z++) T += lens[z], maxlen = std::max(maxlen, lens[z]);
-  std::vector<float> qkv((size_t)T * ch), graw((size_t)T * inner), bl((size_t)T * H), dtb(inner), Al(H);
-  for (int t = 0; t < T; t++)
-    for (int part = 0; part < 3; part++)
-      for (int h = 0; h < H; h++) {
-        float *v = &qkv[(size_t)t * ch + part * inner + h * HD];
-        double ss = 0;
-        for (int i = 0; i < HD; i++) v[i] = rf(), ss += (double)v[i] * v[i];
-        const float sc = part == 2 ? 1.0f : (float)(1.0 / sqrt(ss + 1e-6)) * (part == 0 ? 1.0f / sqrtf((float)HD) : 1.0f);
-        for (int i = 0; i < HD; i++) v[i] *= sc;
-      }
-  for (auto &x : graw) x = 3 * rf() + gshift; /* gshift 30: every gate at its bound */
-  for (auto &x : bl) x = 2 * rf();
-  for (auto &x : dtb) x = 0.5f * rf();
-  for (auto &x : Al) x = 0.5f * rf();
+  std::vector<float> qkv, graw, bl, dtb, Al;
+  kda_random_inputs(rf, T, H, HD, gshift, qkv, graw, bl, dtb, Al); /* gshift 30: every gate at its bound */
   const size_t ns = (size_t)H * HD * HD;
   std::vector<float> S((size_t)nseg * ns), o((size_t)T * inner, NAN);
   for (auto &x : S) x = 0.2f * rf();

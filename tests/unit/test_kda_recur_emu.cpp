@@ -13,6 +13,7 @@
  * give the same bits. The device test (test_gpu_kernels) runs it on the
  * GPU. */
 #include "emu/cuda_emu.h"
+#include "emu/kda_inputs.h"
 extern "C" {
 #include "gpu/kernels/gk.h"
 #include "model/layers.h"
@@ -23,11 +24,8 @@ extern "C" {
 #include "gpu/kernels/gk_device.cuh"
 #include "gpu/kernels/gk_kda_recur.cuh"
 
-static uint64_t g_s = 0x2545f4914f6cdd1dull;
-static float rf() { /* [-1, 1) */
-  g_s ^= g_s << 13; g_s ^= g_s >> 7; g_s ^= g_s << 17;
-  return (float)((g_s >> 11) * (2.0 / 9007199254740992.0) - 1.0);
-}
+static const uint64_t SEED = 0x2545f4914f6cdd1dull;
+static emu_rng rf{SEED};
 
 /* one launch of kda_recur8_k over the segments lens[] (tiles of TT tokens) */
 template <int MODE, int MM, bool ASYNC, int C>
@@ -66,20 +64,8 @@ template <int MM, int C> static std::vector<float> recur_case(const std::vector<
   int T = 0;
   std::vector<int> t0s;
   for (int l : lens) t0s.push_back(T), T += l;
-  std::vector<float> qkv((size_t)T * ch), graw((size_t)T * inner), blg((size_t)T * H), dtb(inner), Al(H);
-  for (int t = 0; t < T; t++) /* q and k L2-normalised per head as in the model (q also by 1/sqrt(hd)) */
-    for (int part = 0; part < 3; part++)
-      for (int h = 0; h < H; h++) {
-        float *v = &qkv[(size_t)t * ch + part * inner + h * HD];
-        double ss = 0;
-        for (int i = 0; i < HD; i++) v[i] = rf(), ss += (double)v[i] * v[i];
-        const float sc = part == 2 ? 1.0f : (float)(1.0 / sqrt(ss + 1e-6)) * (part == 0 ? 1.0f / sqrtf((float)HD) : 1.0f);
-        for (int i = 0; i < HD; i++) v[i] *= sc;
-      }
-  for (auto &x : graw) x = 3 * rf();
-  for (auto &x : blg) x = 2 * rf();
-  for (auto &x : dtb) x = 0.5f * rf();
-  for (auto &x : Al) x = 0.5f * rf();
+  std::vector<float> qkv, graw, blg, dtb, Al;
+  kda_random_inputs(rf, T, H, HD, 0.f, qkv, graw, blg, dtb, Al);
   /* the prefill launch's inputs (kda_decay_k's expressions) and the log decay */
   std::vector<float> dec(graw.size()), lg(graw.size()), beta(blg.size());
   for (size_t i = 0; i < graw.size(); i++) {
@@ -156,7 +142,7 @@ int main() {
    * g4, g2, g1 are interchangeable) */
   std::vector<float> r[3];
   for (int v = 0; v < 3; v++) {
-    g_s = 0x2545f4914f6cdd1dull;
+    rf.s = SEED;
     r[v] = v == 0 ? recur_case<16, 4>(l1, -5.0f) : v == 1 ? recur_case<16, 2>(l1, -5.0f) : recur_case<16, 1>(l1, -5.0f);
   }
   CHECK(r[0] == r[1] && r[0] == r[2], "hd 128: 4, 2 and 1 columns per group give different bits");

@@ -45,16 +45,22 @@ __host__ __device__ __forceinline__ size_t kr_tile_floats(int hd, int tt, int co
   return ((size_t)tt * (3 * hd + cols + 1) + 3) & ~(size_t)3;
 }
 
+/* What a block's tiles come from: head h, the block's value columns from
+ * c0, TT tokens per tile (the token kernels' launch arguments) */
+struct kr_src {
+  const float *qkv, *g, *dt_bias, *A_log, *bl;
+  float lb;
+  int H, hd, h, c0, TT;
+};
 /* Tile of nt tokens from token tb into buf (layout of kr_tile_floats): q, k
  * and the decay of head h, v of the block's COLS columns from c0 (zeros
  * past hd), beta. ASYNC: cp.async of 16-byte rows (the decay given, not the
  * raw gate), committed by the caller; else one coalesced pass computing
  * the decay (MODE) as it reads. */
 template <int MODE, bool ASYNC, int COLS>
-__device__ __forceinline__ void kr_load(const float *qkv, const float *g, const float *dt_bias, const float *A_log,
-                                        float lb, const float *bl, int H, int hd, int h, int c0, int TT, int tb, int nt,
-                                        float *buf) {
-  const int inner = H * hd, nth = blockDim.x;
+__device__ __forceinline__ void kr_load(const kr_src &sr, int tb, int nt, float *buf) {
+  const int H = sr.H, hd = sr.hd, h = sr.h, c0 = sr.c0, TT = sr.TT, inner = H * hd, nth = blockDim.x;
+  const float *qkv = sr.qkv, *g = sr.g, *bl = sr.bl;
   float *qs = buf, *ks = qs + (size_t)TT * hd, *as = ks + (size_t)TT * hd, *vs = as + (size_t)TT * hd,
         *bs = vs + (size_t)TT * COLS;
   if (ASYNC) {
@@ -81,7 +87,8 @@ __device__ __forceinline__ void kr_load(const float *qkv, const float *g, const 
       qs[e] = row[h * hd + i];
       ks[e] = row[inner + h * hd + i];
       const float gv = g[t * inner + h * hd + i];
-      as[e] = MODE == KR_DECAY ? gv : expf(MODE == KR_RAW ? kda_gate1(gv, dt_bias, A_log, h, h * hd + i, lb) : gv);
+      as[e] = MODE == KR_DECAY ? gv
+                               : expf(MODE == KR_RAW ? kda_gate1(gv, sr.dt_bias, sr.A_log, h, h * hd + i, sr.lb) : gv);
     }
     for (int e = threadIdx.x; e < nt * COLS; e += nth) {
       const int u = e / COLS, j = c0 + (e - u * COLS);
@@ -89,6 +96,40 @@ __device__ __forceinline__ void kr_load(const float *qkv, const float *g, const 
     }
     for (int e = threadIdx.x; e < nt; e += nth) bs[e] = bl[((size_t)tb + e) * H + h];
   }
+}
+/* The tile pipeline of both token kernels over tokens [t0, T): kr_first
+ * before the loop (ASYNC: the first tile's copy issued), kr_tile at the
+ * top of tile n (from token tb), which returns that tile's buffer in sh.
+ * ASYNC: two buffers of tf floats, the next tile's copy issued and this
+ * one's awaited; else this tile loaded between two barriers. After its
+ * tokens an ASYNC tile needs a barrier: its buffer is the next copy's
+ * target. */
+template <int MODE, bool ASYNC, int COLS>
+__device__ __forceinline__ void kr_first(const kr_src &sr, int t0, int T, float *sh) {
+  if (ASYNC && t0 < T) {
+    kr_load<MODE, true, COLS>(sr, t0, T - t0 < sr.TT ? T - t0 : sr.TT, sh);
+    kr_commit();
+  }
+}
+template <int MODE, bool ASYNC, int COLS>
+__device__ __forceinline__ float *kr_tile(const kr_src &sr, int tb, int T, int n, float *sh, size_t tf) {
+  const int TT = sr.TT;
+  float *cur = sh + (ASYNC && (n & 1) ? tf : 0);
+  if (ASYNC) {
+    if (tb + TT < T) {
+      kr_load<MODE, true, COLS>(sr, tb + TT, T - tb - TT < TT ? T - tb - TT : TT, sh + ((n & 1) ? 0 : tf));
+      kr_commit();
+      kr_wait<1>();
+    } else {
+      kr_wait<0>();
+    }
+    __syncthreads();
+  } else {
+    __syncthreads(); /* the previous tile is consumed */
+    kr_load<MODE, false, COLS>(sr, tb, T - tb < TT ? T - tb : TT, cur);
+    __syncthreads();
+  }
+  return cur;
 }
 
 /* ---- 8 lanes per column ----
@@ -198,10 +239,8 @@ __global__ void __launch_bounds__(kr8_threads<C>()) kda_recur8_k(gk_batch b, con
 #pragma unroll
       for (int m = 0; m < MM; m++) st[c][m] = 0.f;
   }
-  if (ASYNC && t0 < T) {
-    kr_load<MODE, true, KR8_COLS>(qkv, g, dt_bias, A_log, lb, bl, H, HD, h, c0, TT, t0, T - t0 < TT ? T - t0 : TT, kr8_sh);
-    kr_commit();
-  }
+  const kr_src src{qkv, g, dt_bias, A_log, bl, lb, H, HD, h, c0, TT};
+  kr_first<MODE, ASYNC, KR8_COLS>(src, t0, T, kr8_sh);
   /* the previous token's S^T q partials: reduced together with this
    * token's S^T k (the output is off the recurrence's critical path, its
    * shuffles overlap those of the next token); tp is that token, -1 none */
@@ -214,22 +253,7 @@ __global__ void __launch_bounds__(kr8_threads<C>()) kda_recur8_k(gk_batch b, con
   int n = 0;
   for (int tb = t0; tb < T; tb += TT, n++) {
     const int nt = T - tb < TT ? T - tb : TT;
-    float *cur = kr8_sh + (ASYNC && (n & 1) ? tf : 0);
-    if (ASYNC) {
-      if (tb + TT < T) {
-        kr_load<MODE, true, KR8_COLS>(qkv, g, dt_bias, A_log, lb, bl, H, HD, h, c0, TT, tb + TT,
-                                      T - tb - TT < TT ? T - tb - TT : TT, kr8_sh + ((n & 1) ? 0 : tf));
-        kr_commit();
-        kr_wait<1>();
-      } else {
-        kr_wait<0>();
-      }
-      __syncthreads();
-    } else {
-      __syncthreads(); /* the previous tile is consumed */
-      kr_load<MODE, false, KR8_COLS>(qkv, g, dt_bias, A_log, lb, bl, H, HD, h, c0, TT, tb, nt, cur);
-      __syncthreads();
-    }
+    const float *cur = kr_tile<MODE, ASYNC, KR8_COLS>(src, tb, T, n, kr8_sh, tf);
     const float *qs = cur, *ks = qs + (size_t)TT * HD, *as = ks + (size_t)TT * HD, *vs = as + (size_t)TT * HD,
                 *bs = vs + (size_t)TT * KR8_COLS;
     for (int u = 0; u < nt; u++) {

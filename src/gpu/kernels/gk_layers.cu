@@ -908,29 +908,12 @@ __global__ void __launch_bounds__(KR_WARPS * 32) kda_recur_k(gk_batch b, const f
 #pragma unroll
       for (int m = 0; m < MM; m++) s[c][m] = 0.f;
   }
-  if (ASYNC && t0 < T) {
-    kr_load<MODE, true, KR_COLS>(qkv, g, dt_bias, A_log, lb, bl, H, hd, h, c0, TT, t0, T - t0 < TT ? T - t0 : TT, kda_sh);
-    kr_commit();
-  }
+  const kr_src src{qkv, g, dt_bias, A_log, bl, lb, H, hd, h, c0, TT};
+  kr_first<MODE, ASYNC, KR_COLS>(src, t0, T, kda_sh);
   int n = 0;
   for (int tb = t0; tb < T; tb += TT, n++) {
     const int nt = T - tb < TT ? T - tb : TT;
-    float *cur = kda_sh + (ASYNC && (n & 1) ? tf : 0);
-    if (ASYNC) {
-      if (tb + TT < T) {
-        kr_load<MODE, true, KR_COLS>(qkv, g, dt_bias, A_log, lb, bl, H, hd, h, c0, TT, tb + TT,
-                                     T - tb - TT < TT ? T - tb - TT : TT, kda_sh + ((n & 1) ? 0 : tf));
-        kr_commit();
-        kr_wait<1>();
-      } else {
-        kr_wait<0>();
-      }
-      __syncthreads();
-    } else {
-      __syncthreads(); /* the previous tile is consumed */
-      kr_load<MODE, false, KR_COLS>(qkv, g, dt_bias, A_log, lb, bl, H, hd, h, c0, TT, tb, nt, cur);
-      __syncthreads();
-    }
+    const float *cur = kr_tile<MODE, ASYNC, KR_COLS>(src, tb, T, n, kda_sh, tf);
     const float *qs = cur, *ks = qs + (size_t)TT * hd, *as = ks + (size_t)TT * hd, *vs = as + (size_t)TT * hd, *bs = vs + (size_t)TT * KR_COLS;
     for (int u = 0; u < nt; u++) {
       float av[MM], kv[MM], qv[MM], p[KR_CPW];
