@@ -787,20 +787,26 @@ static int mla_dev(const glm53_config *c, const gmla *w, const gk_batch *b, acts
     TRY(gk_select(A->score, b, T, P, K, maxpool, c->index_kpool_always_select_tail, A->dense, A->npools, A->tail, A->pools));
     pr_mark(PR_IDX);
   }
-  /* absorbed attention: q~ = W_UK^T q per head, softmax over the selected
-   * latents, then W_UV per head. The split count depends on the context
-   * bound only, so every decode step launches the same grid. */
-  TRY(gk_matmul_heads(w->heads.uk_h, w->heads.uk_d, H, A->q, T, nope, A->qt, kl));
   const float scale = (float)(1.0 / sqrt((double)(nope + c->qk_rope_head_dim)));
-  int rc = 1; /* long chunks of one sequence: the heads share the selected rows (made contiguous), through cuBLAS */
-  if (gemm && mla_gemm_on()) {
-    const float *lat = gk_pages_linear(0, hl->pg[GK_ST_LATENT], hl->pshift, pos0 + T, kl);
-    TRY(!lat);
-    rc = gk_mla_attn_gemm(A->qt, lat, A->dense, A->npools, A->tail, A->pools, T, dpos, pos0, H, kl, P, K, scale, A->ob);
-    TRY(rc < 0);
+  const float *lat = NULL;
+  int rc = 1;
+  if (gemm && mla_gemm_on()) { /* long chunks of one sequence: per-head keys and values through cuBLAS */
+    TRY(!(lat = gk_pages_linear(0, hl->pg[GK_ST_LATENT], hl->pshift, pos0 + T, kl)));
+    TRY((rc = gk_mla_mha_gemm(A->q, lat, &w->kv_b, A->dense, A->npools, A->tail, A->pools, T, dpos, pos0, H, nope, vd, kl,
+                              P, K, scale, A->mo)) < 0);
   }
-  if (rc) TRY(gk_mla_attn(A->qt, b, A->dense, A->npools, A->tail, A->pools, T, H, kl, P, K, scale, chunk, ns, A->apart, A->ob));
-  TRY(gk_matmul_heads(w->heads.uv_h, w->heads.uv_d, H, A->ob, T, kl, A->mo, vd));
+  if (rc) {
+    /* absorbed attention: q~ = W_UK^T q per head, softmax over the selected
+     * latents, then W_UV per head. The split count depends on the context
+     * bound only, so every decode step launches the same grid. */
+    TRY(gk_matmul_heads(w->heads.uk_h, w->heads.uk_d, H, A->q, T, nope, A->qt, kl));
+    if (lat) /* the heads share the selected rows (made contiguous), through cuBLAS */
+      TRY((rc = gk_mla_attn_gemm(A->qt, lat, A->dense, A->npools, A->tail, A->pools, T, dpos, pos0, H, kl, P, K, scale,
+                                 A->ob)) < 0);
+    if (rc)
+      TRY(gk_mla_attn(A->qt, b, A->dense, A->npools, A->tail, A->pools, T, H, kl, P, K, scale, chunk, ns, A->apart, A->ob));
+    TRY(gk_matmul_heads(w->heads.uv_h, w->heads.uv_d, H, A->ob, T, kl, A->mo, vd));
+  }
   return gk_matmul(&w->o, A->mo, T, H * vd, A->a, D);
 }
 

@@ -961,6 +961,112 @@ static void mla_gemm_case(int H, int kl, int P, int K, int pos0, int T) {
   gk_free(dq); gk_free(dl); gk_free(dd); gk_free(dn); gk_free(dt); gk_free(dp); gk_free(dpos); gk_free(ob);
 }
 
+/* gk_mla_mha_gemm (the per-head form) against a float64 loop of the
+ * absorbed math from the same inputs: q rounded to bf16 (the form rounds it
+ * as the absorbed W_UK product does), kv_b's values (bf16, or Q8 rounded to
+ * bf16 as every prefill GEMM dequantises), the latent and softmax exact.
+ * Tolerance gk_mla_math_tol(bf16x3). Shapes: the model's head widths, a
+ * masked selection (K pools + tail past K * P positions), a later chunk,
+ * odd small widths; then the cases that must decline (1): another
+ * arithmetic, the switch off, an f32 kv_b, a context past the row bound. */
+static void mla_mha_case(int fmt, int H, int nope, int vd, int kl, int P, int K, int pos0, int T) {
+  const int ctx = pos0 + T, R = H * (nope + vd);
+  tmat W;
+  tmat_new(&W, fmt, R, kl, fmt == WMAT_Q8 ? 32 : 0, 1, 0);
+  float *hq = NULL, *hl = NULL, *dq = dvec((size_t)T * H * nope, -1, 1, &hq), *dl = dvec((size_t)ctx * kl, -1, 1, &hl);
+  float *w = xmalloc((size_t)R * kl * 4);
+  for (int r = 0; r < R; r++) {
+    wmat_get_row(&W.w, r, w + (size_t)r * kl);
+    for (int j = 0; j < kl; j++) w[(size_t)r * kl + j] = round_bf16(w[(size_t)r * kl + j]);
+  }
+  int *dense = xmalloc(T * 4), *np = xmalloc(T * 4), *tail = xmalloc(T * 4), *pools = xmalloc((size_t)T * K * 4);
+  for (int t = 0; t < T; t++) {
+    const int pos = pos0 + t, n = (pos + 1) / P;
+    dense[t] = n <= K;
+    np[t] = n <= K ? n : K;
+    tail[t] = n * P;
+    for (int i = 0; i < K; i++)
+      pools[(size_t)t * K + i] = n <= K ? i : (int)(((uint64_t)t + (uint64_t)i * (n / K)) % (uint64_t)n);
+  }
+  int *dd = dcopy(dense, T * 4), *dn = dcopy(np, T * 4), *dt = dcopy(tail, T * 4), *dp = dcopy(pools, (size_t)T * K * 4);
+  int *dpos = dcopy(&pos0, 4);
+  const size_t no = (size_t)T * H * vd;
+  float *dout = gk_malloc(no * 4), *got = xmalloc(no * 4), *ref = xmalloc(no * 4);
+  const double scale = 1.0 / sqrt((double)nope);
+  int *rows = xmalloc((size_t)ctx * 4);
+  double *sc = xmalloc((size_t)ctx * 8), *o = xmalloc((size_t)kl * 8), *qt = xmalloc((size_t)kl * 8);
+  for (int t = 0; t < T; t++) {
+    const int pos = pos0 + t;
+    int N = 0;
+    if (dense[t]) for (int j = 0; j <= pos; j++) rows[N++] = j;
+    else {
+      for (int i = 0; i < np[t]; i++) for (int u = 0; u < P; u++) rows[N++] = pools[(size_t)t * K + i] * P + u;
+      for (int j = tail[t]; j <= pos; j++) rows[N++] = j;
+    }
+    for (int h = 0; h < H; h++) {
+      const float *q = hq + ((size_t)t * H + h) * nope, *uk = w + (size_t)h * (nope + vd) * kl, *uv = uk + (size_t)nope * kl;
+      for (int j = 0; j < kl; j++) qt[j] = 0;
+      for (int i = 0; i < nope; i++)
+        for (int j = 0; j < kl; j++) qt[j] += (double)round_bf16(q[i]) * uk[(size_t)i * kl + j];
+      double mx = -INFINITY, z = 0;
+      for (int s = 0; s < N; s++) {
+        double a = 0;
+        for (int j = 0; j < kl; j++) a += qt[j] * hl[(size_t)rows[s] * kl + j];
+        sc[s] = a * scale;
+        mx = fmax(mx, sc[s]);
+      }
+      for (int j = 0; j < kl; j++) o[j] = 0;
+      for (int s = 0; s < N; s++) {
+        const double e = exp(sc[s] - mx);
+        z += e;
+        for (int j = 0; j < kl; j++) o[j] += e * hl[(size_t)rows[s] * kl + j];
+      }
+      for (int d = 0; d < vd; d++) {
+        double a = 0;
+        for (int j = 0; j < kl; j++) a += uv[(size_t)d * kl + j] * (o[j] / z);
+        ref[((size_t)t * H + h) * vd + d] = (float)a;
+      }
+    }
+  }
+  gk_set_mla_math(GK_MLA_BF16X3);
+  gk_memset(dout, 0x7f, no * 4);
+  int rc = gk_mla_mha_gemm(dq, dl, &W.g, dd, dn, dt, dp, T, dpos, pos0, H, nope, vd, kl, P, K, (float)scale, dout);
+  double err = INFINITY;
+  if (!rc && !gk_d2h(got, dout, no * 4)) err = rel(got, ref, no);
+  const double tol = gk_mla_math_tol(GK_MLA_BF16X3);
+  if (rc == 1) printf("mla mha form: not in this build\n");
+  else {
+    CHECK(rc == 0, "mla mha: %s", gk_error());
+    CHECK(err <= tol, "mla mha %s H%d nope%d vd%d kl%d P%d K%d pos0 %d T%d: err %g > %g", fname(fmt), H, nope, vd, kl, P, K,
+          pos0, T, err, tol);
+    printf("mla mha form %-4s H%-2d nope%-3d vd%-3d kl%-3d P%d K%-4d pos0 %-4d T%-3d err %-10.3g tol %-6.0e %s\n", fname(fmt),
+           H, nope, vd, kl, P, K, pos0, T, err, tol, err <= tol ? "ok" : "FAIL");
+    /* the cases it declines, leaving the output alone */
+    gk_set_mla_math(GK_MLA_BF16X4);
+    CHECK(gk_mla_mha_gemm(dq, dl, &W.g, dd, dn, dt, dp, T, dpos, pos0, H, nope, vd, kl, P, K, (float)scale, dout) == 1,
+          "mla mha: bf16x4 not declined");
+    gk_set_mla_math(GK_MLA_BF16X3);
+    gk_set_mla_mha(0);
+    CHECK(gk_mla_mha_gemm(dq, dl, &W.g, dd, dn, dt, dp, T, dpos, pos0, H, nope, vd, kl, P, K, (float)scale, dout) == 1,
+          "mla mha: switch off not declined");
+    gk_set_mla_mha(-1);
+    gpu_mat f = W.g;
+    f.fmt = WMAT_F32;
+    CHECK(gk_mla_mha_gemm(dq, dl, &f, dd, dn, dt, dp, T, dpos, pos0, H, nope, vd, kl, P, K, (float)scale, dout) == 1,
+          "mla mha: f32 kv_b not declined");
+    const int K1 = 1; /* selections of 2 pools: a context past 4 x 2 P rows */
+    CHECK(ctx <= 8 * P || gk_mla_mha_gemm(dq, dl, &W.g, dd, dn, dt, dp, T, dpos, pos0, H, nope, vd, kl, P, K1, (float)scale,
+                                          dout) == 1,
+          "mla mha: context past the row bound not declined");
+    CHECK(gk_d2h(got, dout, no * 4) == 0 && rel(got, ref, no) == err, "mla mha: a declined call wrote its output");
+  }
+  gk_set_mla_math(-1);
+  tmat_free(&W);
+  free(hq); free(hl); free(w); free(dense); free(np); free(tail); free(pools); free(got); free(ref); free(rows); free(sc);
+  free(o); free(qt);
+  gk_free(dq); gk_free(dl); gk_free(dd); gk_free(dn); gk_free(dt); gk_free(dp); gk_free(dpos); gk_free(dout);
+}
+
 int main(void) {
   if (gpu_test_skip()) return 0;
   for (uint64_t seed = 1; seed <= 3; seed++) {
@@ -1126,6 +1232,13 @@ int main(void) {
   mla_gemm_case(2, 32, 4, 16, 200, 150);  /* masked, then gathered within the call */
   mla_gemm_case(2, 32, 2, 40, 0, 150);    /* pools of 2 in the mask */
   mla_gemm_case(1, 32, 4, 2100, 8500, 2); /* selections past the split softmax's 8192 rows: fp32-accurate form */
+  /* the per-head form: the model's widths over a prefix in sub-chunks of
+   * 1/8, a masked selection, a later chunk, odd small widths, Q8 kv_b */
+  mla_mha_case(WMAT_BF16, 4, 256, 256, 512, 4, 512, 0, 300);
+  mla_mha_case(WMAT_BF16, 3, 64, 32, 128, 4, 16, 100, 150); /* pools past K = 16: masked rows (ctx 250 <= 4 x 68) */
+  mla_mha_case(WMAT_BF16, 2, 32, 32, 64, 4, 600, 900, 120);
+  mla_mha_case(WMAT_BF16, 3, 10, 6, 12, 2, 40, 7, 61);
+  mla_mha_case(WMAT_Q8, 2, 64, 64, 96, 4, 100, 0, 90);
   idx_gemm_case(32, 128, 4, 64, 0, 600);  /* scored from token 259 of the chunk */
   idx_gemm_case(8, 64, 4, 16, 300, 90);   /* every token scored */
   idx_gemm_case(4, 32, 2, 40, 50, 40);    /* the first scored token inside, pools of 2 */

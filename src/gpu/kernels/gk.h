@@ -317,6 +317,22 @@ int gk_mla_attn_gemm(const float *qt, const float *latent, const int *dense, con
  * fp32; TF32 (opt-in: ~3e-4). gk_set_mla_math: the switch for tests and
  * bench (-1: the environment); gk_mla_math_tol: the relative error the
  * tests allow each against a float64 reference. */
+/* The same attention in per-head form (gk_mla_gemm.cu, the default where
+ * it applies): each head's keys and values up-projected from the latent
+ * rows through kv_b (H x (nope + vd) rows of kl) once per call, the heads
+ * attending over nope / vd-wide rows in batched bf16 GEMMs (~42% of the
+ * absorbed bf16x3 form's products at the model's shape). q [T][H][nope]
+ * (q_b's output, rounded to bf16 as the absorbed form's W_UK product
+ * rounds it), out [T][H][vd] (o_proj's input): the absorbed form's W_UK
+ * and W_UV products are not needed. 0, -1 on error, 1 when not applicable
+ * (no BLAS, GLM53_GPU_MLA_MHA=0, an arithmetic other than bf16x3, a
+ * context past the softmax's row bound, an f32 kv_b): the absorbed form then. */
+int gk_mla_mha_gemm(const float *q, const float *latent, const gpu_mat *kvb, const int *dense, const int *npools,
+                    const int *tail, const int *pools, int T, const int *dpos, int pos0, int H, int nope, int vd, int kl,
+                    int P, int K, float scale, float *out);
+/* -1: the environment (GLM53_GPU_MLA_MHA, default on), 0/1: off/on */
+void gk_set_mla_mha(int on);
+int gk_mla_mha_on(void);
 enum { GK_MLA_FP32 = 0, GK_MLA_TF32 = 1, GK_MLA_BF16X9 = 2, GK_MLA_BF16X3 = 3, GK_MLA_BF16X4 = 4, GK_MLA_NMATH = 5 };
 int gk_mla_math(void);
 void gk_set_mla_math(int mode);

@@ -70,8 +70,9 @@ extern "C" double gk_mla_math_tol(int mode) {
 static cublasHandle_t g_h; /* gk_blas_handle(), fetched per call */
 static int g_no_x9;        /* cuBLAS refused the bf16x9 emulation: fp32 instead */
 /* scratch that grows to the largest request: [0] the per-sub-chunk
- * buffers, [1] the split latent rows of the split arithmetics */
-static gk_scratch g_buf[2];
+ * buffers, [1] the split latent rows of the split arithmetics, [2..4] the
+ * per-head form's (gk_mla_mha_gemm) */
+static gk_scratch g_buf[5]; /* [2..4]: the per-head form's keys/values, their fp32 block, kv_b as bf16 */
 static void *buf(int which, size_t n) { return gk_scratch_grow(&g_buf[which], n); }
 
 /* G[t][n][:] = latent row of the n-th selected token of t0 + t, zero past
@@ -519,6 +520,142 @@ extern "C" int gk_mla_attn_gemm(const float *qt, const float *latent, const int 
                                    (long long)H * kl, nb, ct, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
       return gk_fail("mla gemm: output GEMM failed (%d x %d x %d, batch %d)", kl, nh, Npad, nb);
     if (GK_LAUNCHED("mla output gemm")) return -1;
+    t0 += tc;
+  }
+  return 0;
+#endif
+}
+
+/* ---- per-head (MHA) form of the long-chunk attention ----
+ * The absorbed form scores and sums over kv_lora-wide latent rows for every
+ * head; here each head's keys K_h = latent . W_UK[h]^T and values V_h =
+ * latent . W_UV[h]^T (kv_b's rows) are made once per call for the cache
+ * rows 0..lrows-1, and the heads attend over nope / vd-wide rows: per
+ * (token, head, row) 2 x nope products for the scores (the query rounded
+ * to bf16 as the absorbed form's W_UK product rounds it, the keys split hi
+ * + lo) and 3 x vd for the output (probabilities and values split, lo.lo
+ * dropped), against 3 x kl each in the absorbed bf16x3 form: at the
+ * model's shape (nope = vd = 256, kl = 512) ~42% of its products, and the
+ * two per-head products of the absorbed form (W_UK^T q, W_UV o) are gone.
+ * The softmax and its selection masks are the absorbed split form's. */
+
+#if GK_HAVE_BLAS
+/* KV3[r][h] = (K hi, K lo, V hi, V lo) of the fp32 up-projections
+ * src[r][h][nope + vd] (kv_b's row order), a thread per pair of values */
+__global__ void mha_kv_split_k(const float *src, int rows, int H, int nope, int vd, uint16_t *KV3) {
+  GK_PDL_BEGIN();
+  const int hw = (nope + vd) / 2, ldh = 2 * (nope + vd);
+  const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i >= (size_t)rows * H * hw) return;
+  const size_t rh = i / hw; /* r * H + h */
+  const int j = 2 * (int)(i % hw);
+  uint32_t hi, lo;
+  split2x2(*(const float2 *)(src + rh * (nope + vd) + j), &hi, &lo);
+  uint16_t *d = KV3 + rh * ldh;
+  const int o = j < nope ? j : nope + j; /* K hi at j, K lo at nope + j; V hi at 2 nope + (j - nope), V lo vd further */
+  const int w = j < nope ? nope : vd;
+  *(uint32_t *)(d + o) = hi;
+  *(uint32_t *)(d + o + w) = lo;
+}
+#endif
+
+static int g_mha = -1; /* GLM53_GPU_MLA_MHA=0: the absorbed form for every chunk */
+extern "C" void gk_set_mla_mha(int on) { g_mha = on < 0 ? -1 : !!on; }
+extern "C" int gk_mla_mha_on(void) {
+  if (g_mha < 0) g_mha = !(getenv("GLM53_GPU_MLA_MHA") && !strcmp(getenv("GLM53_GPU_MLA_MHA"), "0"));
+  return g_mha;
+}
+
+extern "C" int gk_mla_mha_gemm(const float *q, const float *latent, const gpu_mat *kvb, const int *dense, const int *npools,
+                               const int *tail, const int *pools, int T, const int *dpos, int pos0, int H, int nope,
+                               int vd, int kl, int P, int K, float scale, float *out) {
+#if !GK_HAVE_BLAS
+  (void)q; (void)latent; (void)kvb; (void)dense; (void)npools; (void)tail; (void)pools; (void)T; (void)dpos; (void)pos0;
+  (void)H; (void)nope; (void)vd; (void)kl; (void)P; (void)K; (void)scale; (void)out;
+  return 1;
+#else
+  if (T <= 0) return 0;
+  const int selmax = (K + 1) * P, ctx = pos0 + T;
+  int shared_max = 4 * selmax < SPLIT_MAXROWS ? 4 * selmax : SPLIT_MAXROWS;
+  shared_max &= ~7;
+  /* the bf16x3 arithmetic only, every sub-chunk over the cache rows (no
+   * gathered selections), even widths, a bf16 or quantized kv_b of this shape */
+  if (!gk_mla_mha_on() || gk_mla_math() != GK_MLA_BF16X3 || rnd8(ctx) > shared_max || nope % 2 || vd % 2 || kl % 2 ||
+      kvb->fmt == GF_F32 || kvb->rows != H * (nope + vd) || kvb->cols != kl)
+    return 1;
+  if (blas()) return -1;
+  const int lrows = rnd8(ctx), R = kvb->rows, ldh = 2 * (nope + vd);
+  const float one = 1.f, zero = 0.f;
+  const void *W = kvb->d;
+  if (kvb->fmt != GF_BF16) { /* dequantised to bf16 as the other prefill GEMMs do */
+    __nv_bfloat16 *t = (__nv_bfloat16 *)buf(4, (size_t)R * kl * 2);
+    if (!t) return -1;
+    gk_dequant_bf16(kvb, t);
+    W = t;
+  }
+  /* the latent rows split (hi, lo), zero past ctx */
+  uint16_t *L2 = (uint16_t *)buf(1, (size_t)lrows * 2 * kl * 2);
+  uint16_t *KV3 = (uint16_t *)buf(2, (size_t)lrows * H * ldh * 2);
+  if (!L2 || !KV3) return -1;
+  gk_launch(split_rows_k, (unsigned)(((size_t)lrows * kl / 2 + 255) / 256), 256, 0, latent, (size_t)kl, ctx, lrows, kl, 2,
+            0x2u, L2);
+  if (GK_LAUNCHED("mla mha split latent")) return -1;
+  /* K and V of every head for blocks of rows: fp32 (hi and lo products of
+   * the exact bf16 weights summed), then split */
+  const int rb = (int)(((size_t)256 << 20) / ((size_t)R * 4)) & ~7;
+  const int rblk = rb < 8 ? 8 : rb;
+  float *KVf = (float *)buf(3, (size_t)(rblk < lrows ? rblk : lrows) * R * 4);
+  if (!KVf) return -1;
+  for (int r0 = 0; r0 < lrows; r0 += rblk) {
+    const int n = lrows - r0 < rblk ? lrows - r0 : rblk;
+    /* column-major: KVf^T [R x n] = W [R x kl] (row-major kl-wide: OP_T) x Lplane^T [kl x n] */
+    for (int pl = 0; pl < 2; pl++)
+      if (cublasGemmEx(g_h, CUBLAS_OP_T, CUBLAS_OP_N, R, n, kl, &one, W, CUDA_R_16BF, kl, L2 + (size_t)r0 * 2 * kl + pl * kl,
+                       CUDA_R_16BF, 2 * kl, pl ? &one : &zero, KVf, CUDA_R_32F, R, CUBLAS_COMPUTE_32F,
+                       CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
+        return gk_fail("mla mha: key/value GEMM failed (%d x %d x %d)", R, n, kl);
+    if (GK_LAUNCHED("mla mha kv gemm")) return -1;
+    gk_launch(mha_kv_split_k, (unsigned)(((size_t)n * H * (nope + vd) / 2 + 255) / 256), 256, 0, KVf, n, H, nope, vd,
+              KV3 + (size_t)r0 * H * ldh);
+    if (GK_LAUNCHED("mla mha kv split")) return -1;
+  }
+  const size_t budget = (size_t)768 << 20; /* scratch bytes per sub-chunk */
+  for (int t0 = 0; t0 < T;) {
+    /* rows past a token's own position are masked: sub-chunks of at most
+     * 1/8 of the position (32 tokens at least) keep that under ~6% */
+    int tc = (pos0 + t0) / 8 > 32 ? (pos0 + t0) / 8 : 32;
+    if (tc > T - t0) tc = T - t0;
+    const int Npad = rnd8(pos0 + t0 + tc);
+    const size_t per_tok = (size_t)H * Npad * 4 + (size_t)H * 2 * Npad * 2 + (size_t)H * 2 * nope * 2;
+    size_t cap = budget / per_tok;
+    if (cap < 1) cap = 1;
+    if ((size_t)tc > cap) tc = (int)cap;
+    const size_t sb = al256((size_t)tc * H * Npad * 4), pb = al256((size_t)tc * H * 2 * Npad * 2);
+    char *b = (char *)buf(0, sb + pb + (size_t)tc * H * 2 * nope * 2);
+    if (!b) return -1;
+    float *S = (float *)b;
+    uint16_t *P2 = (uint16_t *)(b + sb), *Q2 = (uint16_t *)(b + sb + pb);
+    /* the queries rounded to bf16, twice: (q, q) against (K hi, K lo) */
+    gk_launch(split_rows_k, (unsigned)(((size_t)tc * H * nope / 2 + 255) / 256), 256, 0, q + (size_t)t0 * H * nope,
+              (size_t)nope, tc * H, tc * H, nope, 2, 0u, Q2);
+    if (GK_LAUNCHED("mla mha split queries")) return -1;
+    /* per head, column-major: S_h^T [Npad x tc] = KV3_h (rows of 2 nope, H ldh apart: OP_T) x Q2_h^T [2 nope x tc] */
+    if (cublasGemmStridedBatchedEx(g_h, CUBLAS_OP_T, CUBLAS_OP_N, Npad, tc, 2 * nope, &one, KV3, CUDA_R_16BF, H * ldh, ldh,
+                                   Q2, CUDA_R_16BF, H * 2 * nope, 2 * nope, &zero, S, CUDA_R_32F, H * Npad, Npad, H,
+                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
+      return gk_fail("mla mha: scores GEMM failed (%d x %d x %d, %d heads)", Npad, tc, 2 * nope, H);
+    if (GK_LAUNCHED("mla mha scores gemm") ||
+        softmax_split(S, dense, npools, tail, pools, dpos, t0, tc, H, P, K, Npad, scale, 1, P2))
+      return -1;
+    /* out_h^T [vd x tc] = sum over (V plane, P plane) in (hi.hi, lo.hi, hi.lo) of V_h^T [vd x Npad] x P_h^T [Npad x tc] */
+    static const int vp[3] = {0, 1, 0}, pp[3] = {0, 0, 1};
+    for (int j = 0; j < 3; j++)
+      if (cublasGemmStridedBatchedEx(g_h, CUBLAS_OP_N, CUBLAS_OP_N, vd, tc, Npad, &one, KV3 + 2 * nope + vp[j] * vd,
+                                     CUDA_R_16BF, H * ldh, ldh, P2 + (size_t)pp[j] * Npad, CUDA_R_16BF, H * 2 * Npad,
+                                     2 * Npad, j ? &one : &zero, out + (size_t)t0 * H * vd, CUDA_R_32F, H * vd, vd, H,
+                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
+        return gk_fail("mla mha: output GEMM %d failed (%d x %d x %d, %d heads)", j, vd, tc, Npad, H);
+    if (GK_LAUNCHED("mla mha output gemm")) return -1;
     t0 += tc;
   }
   return 0;
