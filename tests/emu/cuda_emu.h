@@ -3,7 +3,10 @@
  * (ucontext) on one OS thread; __syncthreads waits for the whole block,
  * __shfl_xor_sync for the 32 lanes of the warp; blocks run one after
  * another. It covers what the emulated kernels use (dim3 indices, static
- * and dynamic shared memory, float4, indexed and xor shuffles, __syncwarp) and
+ * and dynamic shared memory, float2/float4/uint4, indexed and xor shuffles,
+ * __syncwarp, the warp's ldmatrix x4, bf16 mma.sync m16n8k16 and tf32
+ * m16n8k8, cvt.rna.tf32: GK_EMU
+ * selects them in the kernel sources) and
  * reports a deadlock (a barrier some threads never reach) instead of
  * hanging. Not a timing model; memory is host memory. C++ (templates of
  * the kernels), one translation unit per test. */
@@ -15,6 +18,7 @@
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <math.h>
 #include <vector>
@@ -33,7 +37,7 @@
 #define __shared__ static /* a block's static shared arrays: blocks run one at a time */
 #define __align__(n) __attribute__((aligned(n)))
 /* dynamic shared memory: one host buffer for the block that runs */
-alignas(16) static float emu_smem_buf[256 * 1024 / sizeof(float)];
+alignas(16) [[maybe_unused]] static float emu_smem_buf[256 * 1024 / sizeof(float)];
 #define GK_DYN_SMEM(T, name) T *name = (T *)emu_smem_buf
 #define GK_PDL_BEGIN() do { } while (0)
 using std::isnan;
@@ -48,6 +52,32 @@ struct float4 {
   float x, y, z, w;
 };
 static inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
+struct float2 {
+  float x, y;
+};
+static inline float2 make_float2(float a, float b) { return float2{a, b}; }
+struct uint4 {
+  unsigned x, y, z, w;
+};
+static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return uint4{a, b, c, d}; }
+static inline unsigned __float_as_uint(float f) {
+  unsigned u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+static inline float __uint_as_float(unsigned u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+template <class T> static inline T __ldg(const T *p) { return *p; }
+/* fibers of one OS thread: no other thread in between */
+static inline unsigned atomicOr(unsigned *p, unsigned v) {
+  const unsigned o = *p;
+  *p = o | v;
+  return o;
+}
+#define GK_EMU 1
 
 static dim3 gridDim, blockDim, blockIdx, threadIdx;
 
@@ -208,6 +238,113 @@ static inline void __syncwarp(unsigned mask = 0xffffffffu) {
   (void)mask;
   emu::yield(emu::WARP_WAIT);
   emu::g.cur->wgen++;
+}
+
+/* Warp matrix collectives (all 32 lanes call; data exchanged as the
+ * shuffles do, one slot per thread and barrier parity). */
+namespace emu {
+struct mx_slot {
+  const uint16_t *row;
+  uint32_t a[4], b[2];
+};
+static std::vector<mx_slot> mx[2];
+/* this lane's slot of the current parity; returns the warp's first slot */
+static inline const mx_slot *mx_exchange(const mx_slot &mine) {
+  fiber &f = *g.cur;
+  const int par = f.wgen & 1, w0 = f.tid - (f.tid & 31);
+  if (mx[par].size() < g.f.size()) mx[0].resize(g.f.size()), mx[1].resize(g.f.size());
+  mx[par][f.tid] = mine;
+  yield(WARP_WAIT);
+  f.wgen++;
+  return &mx[par][w0];
+}
+static inline float bf16f(uint32_t h) { return __uint_as_float((h & 0xffffu) << 16); }
+/* the calling lane's accumulators (rows g, g + 8; columns 2t, 2t + 1) of
+ * c += A[16][K] . B[K][8], the products summed in double, rounded once
+ * (the hardware's order is unspecified) */
+static inline void mma_out(float c[4], const float *A, const float *B, int K) {
+  const int l = g.cur->tid & 31, gr = l >> 2, t2 = 2 * (l & 3);
+  for (int e = 0; e < 4; e++) {
+    const int row = gr + 8 * (e >> 1), col = t2 + (e & 1);
+    double s = c[e];
+    for (int k = 0; k < K; k++) s += (double)A[row * K + k] * B[k * 8 + col];
+    c[e] = (float)s;
+  }
+}
+} // namespace emu
+/* ldmatrix.sync.aligned.m8n8.x4(.trans).b16: lanes 8i..8i+7 give the rows
+ * of matrix i; lane l gets in r[i] the elements (l / 4, 2 (l % 4) + {0, 1})
+ * of matrix i (of its transpose with trans), the first in the low half */
+static inline void emu_ldmatrix_x4(uint32_t r[4], const uint16_t *row, bool trans) {
+  emu::mx_slot me{};
+  me.row = row;
+  const emu::mx_slot *w = emu::mx_exchange(me);
+  const int l = emu::g.cur->tid & 31, gr = l >> 2, c2 = 2 * (l & 3);
+  for (int i = 0; i < 4; i++) {
+    uint32_t lo, hi;
+    if (!trans) {
+      lo = w[8 * i + gr].row[c2];
+      hi = w[8 * i + gr].row[c2 + 1];
+    } else {
+      lo = w[8 * i + c2].row[gr];
+      hi = w[8 * i + c2 + 1].row[gr];
+    }
+    r[i] = lo | hi << 16;
+  }
+}
+/* mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, c += a . b: lane l
+ * (g = l / 4, t = l % 4) holds a = A(g, 2t..), A(g + 8, 2t..), A(g, 2t +
+ * 8..), A(g + 8, 2t + 8..), b = B(2t.., g), B(2t + 8.., g), c = C(g, 2t),
+ * C(g, 2t + 1), C(g + 8, 2t), C(g + 8, 2t + 1). */
+static inline void emu_mma_bf16_16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+  emu::mx_slot me{};
+  for (int i = 0; i < 4; i++) me.a[i] = a[i];
+  me.b[0] = b0;
+  me.b[1] = b1;
+  const emu::mx_slot *w = emu::mx_exchange(me);
+  float A[16][16], B[16][8];
+  for (int l = 0; l < 32; l++) {
+    const int gr = l >> 2, t2 = 2 * (l & 3);
+    for (int h = 0; h < 2; h++) {
+      A[gr][t2 + h] = emu::bf16f(w[l].a[0] >> 16 * h);
+      A[gr + 8][t2 + h] = emu::bf16f(w[l].a[1] >> 16 * h);
+      A[gr][t2 + 8 + h] = emu::bf16f(w[l].a[2] >> 16 * h);
+      A[gr + 8][t2 + 8 + h] = emu::bf16f(w[l].a[3] >> 16 * h);
+      B[t2 + h][gr] = emu::bf16f(w[l].b[0] >> 16 * h);
+      B[t2 + 8 + h][gr] = emu::bf16f(w[l].b[1] >> 16 * h);
+    }
+  }
+  emu::mma_out(c, &A[0][0], &B[0][0], 16);
+}
+
+/* cvt.rna.tf32.f32: round to 10 mantissa bits, ties away from zero */
+static inline uint32_t emu_cvt_rna_tf32(float x) {
+  const uint32_t u = __float_as_uint(x);
+  if ((u & 0x7f800000u) == 0x7f800000u) return u; /* inf, NaN */
+  return (u + 0x1000u) & 0xffffe000u;
+}
+/* mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32, c += a . b: lane l
+ * (g = l / 4, t = l % 4) holds a = A(g, t), A(g + 8, t), A(g, t + 4),
+ * A(g + 8, t + 4), b = B(t, g), B(t + 4, g), c as the bf16 form's. Inputs
+ * read as tf32 (their low 13 bits ignored). */
+static inline void emu_mma_tf32_1688(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+  emu::mx_slot me{};
+  for (int i = 0; i < 4; i++) me.a[i] = a[i];
+  me.b[0] = b0;
+  me.b[1] = b1;
+  const emu::mx_slot *w = emu::mx_exchange(me);
+  auto tf = [](uint32_t u) { return __uint_as_float(u & 0xffffe000u); };
+  float A[16][8], B[8][8];
+  for (int l = 0; l < 32; l++) {
+    const int gr = l >> 2, t = l & 3;
+    A[gr][t] = tf(w[l].a[0]);
+    A[gr + 8][t] = tf(w[l].a[1]);
+    A[gr][t + 4] = tf(w[l].a[2]);
+    A[gr + 8][t + 4] = tf(w[l].a[3]);
+    B[t][gr] = tf(w[l].b[0]);
+    B[t + 4][gr] = tf(w[l].b[1]);
+  }
+  emu::mma_out(c, &A[0][0], &B[0][0], 8);
 }
 
 /* Run body (a call of the kernel with its arguments) on every block of the

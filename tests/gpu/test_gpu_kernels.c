@@ -522,15 +522,22 @@ static void mhc_pre_case(int T, int D) {
     CHECK(same, "mhc pre D %d: %d tokens differ from 2 alone", D, T);
     printf("mhc pre, %d tokens, D %d: first 2 bitwise as 2 alone: %s\n", T, D, same ? "yes" : "NO");
     gk_free(dy2); gk_free(dp2); gk_free(dc2);
-    /* the one-pass projection + sum of squares (gk_mhc_proj) feeding gk_mhc_pre */
+    /* the one-pass projection + sum of squares (gk_mhc_proj) feeding
+     * gk_mhc_pre: its tensor-core form (CUDA), then the SIMT kernel */
     float *dss = gk_malloc((size_t)T * 4);
-    int rc3 = gk_mhc_proj(&g, dX, T, hc, D, dmix, dss);
-    if (rc3 == 1) printf("mhc proj: not applicable\n");
-    else {
-      rc3 = rc3 || gk_mhc_pre(dX, dmix, dss, dbase, dsc, dnw, T, hc, D, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, dpost,
-                              dcomb, dy);
-      mhc_pre_verify("mhc proj+pre (one pass)", rc3, dy, dpost, dcomb, ry, rp, rc_, gy, gp, gc, T, hc, D);
+    for (int tc = 1; tc >= 0; tc--) {
+      gk_set_mhc_tc(tc);
+      if (tc && !gk_mhc_tc_on()) continue;
+      int rc3 = gk_mhc_proj(&g, dX, T, hc, D, dmix, dss);
+      if (rc3 == 1) printf("mhc proj: not applicable\n");
+      else {
+        rc3 = rc3 || gk_mhc_pre(dX, dmix, dss, dbase, dsc, dnw, T, hc, D, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, dpost,
+                                dcomb, dy);
+        mhc_pre_verify(tc ? "mhc proj+pre (tensor cores)" : "mhc proj+pre (one pass)", rc3, dy, dpost, dcomb, ry, rp, rc_, gy,
+                       gp, gc, T, hc, D);
+      }
     }
+    gk_set_mhc_tc(-1);
     gk_free(dss);
   }
   free(fn); free(base); free(sc); free(X); free(nw); free(ry); free(gy); free(rp); free(gp); free(rc_); free(gc);
@@ -1029,18 +1036,26 @@ static void mla_mha_case(int fmt, int H, int nope, int vd, int kl, int P, int K,
     }
   }
   gk_set_mla_math(GK_MLA_BF16X3);
-  gk_memset(dout, 0x7f, no * 4);
-  int rc = gk_mla_mha_gemm(dq, dl, &W.g, dd, dn, dt, dp, T, dpos, pos0, H, nope, vd, kl, P, K, (float)scale, dout);
+  int rc = 0;
   double err = INFINITY;
-  if (!rc && !gk_d2h(got, dout, no * 4)) err = rel(got, ref, no);
   const double tol = gk_mla_math_tol(GK_MLA_BF16X3);
+  for (int fl = 1; fl >= 0 && rc != 1; fl--) { /* the fused kernel where it takes the widths, then the batched GEMMs */
+    gk_set_mla_flash(fl);
+    gk_memset(dout, 0x7f, no * 4);
+    rc = gk_mla_mha_gemm(dq, dl, &W.g, dd, dn, dt, dp, T, dpos, pos0, H, nope, vd, kl, P, K, (float)scale, dout);
+    err = INFINITY;
+    if (!rc && !gk_d2h(got, dout, no * 4)) err = rel(got, ref, no);
+    if (rc == 1) break;
+    const char *form = fl && gk_mla_flash_fits(nope, vd, P) ? "fused" : "gemms";
+    CHECK(rc == 0, "mla mha %s: %s", form, gk_error());
+    CHECK(err <= tol, "mla mha %s %s H%d nope%d vd%d kl%d P%d K%d pos0 %d T%d: err %g > %g", form, fname(fmt), H, nope, vd, kl,
+          P, K, pos0, T, err, tol);
+    printf("mla mha form %s %-4s H%-2d nope%-3d vd%-3d kl%-3d P%d K%-4d pos0 %-4d T%-3d err %-10.3g tol %-6.0e %s\n", form,
+           fname(fmt), H, nope, vd, kl, P, K, pos0, T, err, tol, err <= tol ? "ok" : "FAIL");
+  }
+  gk_set_mla_flash(-1);
   if (rc == 1) printf("mla mha form: not in this build\n");
   else {
-    CHECK(rc == 0, "mla mha: %s", gk_error());
-    CHECK(err <= tol, "mla mha %s H%d nope%d vd%d kl%d P%d K%d pos0 %d T%d: err %g > %g", fname(fmt), H, nope, vd, kl, P, K,
-          pos0, T, err, tol);
-    printf("mla mha form %-4s H%-2d nope%-3d vd%-3d kl%-3d P%d K%-4d pos0 %-4d T%-3d err %-10.3g tol %-6.0e %s\n", fname(fmt),
-           H, nope, vd, kl, P, K, pos0, T, err, tol, err <= tol ? "ok" : "FAIL");
     /* the cases it declines, leaving the output alone */
     gk_set_mla_math(GK_MLA_BF16X4);
     CHECK(gk_mla_mha_gemm(dq, dl, &W.g, dd, dn, dt, dp, T, dpos, pos0, H, nope, vd, kl, P, K, (float)scale, dout) == 1,
@@ -1235,6 +1250,7 @@ int main(void) {
   /* the per-head form: the model's widths over a prefix in sub-chunks of
    * 1/8, a masked selection, a later chunk, odd small widths, Q8 kv_b */
   mla_mha_case(WMAT_BF16, 4, 256, 256, 512, 4, 512, 0, 300);
+  mla_mha_case(WMAT_BF16, 2, 256, 256, 512, 4, 16, 40, 200);  /* the model's widths, masked past 68 positions */
   mla_mha_case(WMAT_BF16, 3, 64, 32, 128, 4, 16, 100, 150); /* pools past K = 16: masked rows (ctx 250 <= 4 x 68) */
   mla_mha_case(WMAT_BF16, 2, 32, 32, 64, 4, 600, 900, 120);
   mla_mha_case(WMAT_BF16, 3, 10, 6, 12, 2, 40, 7, 61);

@@ -171,6 +171,10 @@ int gk_mhc_pre(const float *X, const float *mixraw, const float *ssq, const floa
 /* mixraw = fn . X and ssq[T] in one pass over X (fp32, another summation
  * order than gk_matmul): 0, -1, or 1 when fn is not f32 [24][4 D] (hc 4) */
 int gk_mhc_proj(const gpu_mat *fn, const float *X, int T, int hc, int D, float *mixraw, float *ssq);
+/* its tensor-core form (CUDA; 3xTF32, column splits added in order): -1
+ * the environment (GLM53_GPU_MHC_TC, default on), 0 the SIMT kernel, 1 on */
+void gk_set_mhc_tc(int on);
+int gk_mhc_tc_on(void);
 int gk_mhc_post(float *X, const float *a, const float *post, const float *comb, int T, int hc, int D);
 /* the same after a MoE: a = a (shared expert) + the routed outputs eo
  * weighted by wt in ascending expert id, as gk_moe_combine adds them (same
@@ -333,6 +337,13 @@ int gk_mla_mha_gemm(const float *q, const float *latent, const gpu_mat *kvb, con
 /* -1: the environment (GLM53_GPU_MLA_MHA, default on), 0/1: off/on */
 void gk_set_mla_mha(int on);
 int gk_mla_mha_on(void);
+/* its fused (flash) kernel for the model's widths (CUDA): -1 the
+ * environment (GLM53_GPU_MLA_FLASH, default on), 0 the batched GEMMs, 1 on */
+void gk_set_mla_flash(int on);
+int gk_mla_flash_on(void);
+/* whether the fused kernel runs for these widths and pool size (on, CUDA,
+ * nope/vd 256/256 or 64/32, P a power of two) */
+int gk_mla_flash_fits(int nope, int vd, int P);
 enum { GK_MLA_FP32 = 0, GK_MLA_TF32 = 1, GK_MLA_BF16X9 = 2, GK_MLA_BF16X3 = 3, GK_MLA_BF16X4 = 4, GK_MLA_NMATH = 5 };
 int gk_mla_math(void);
 void gk_set_mla_math(int mode);

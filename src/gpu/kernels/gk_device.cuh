@@ -1,6 +1,7 @@
 /* Device helpers that need no CUDA header (only gk.h's types, the math
- * library, __shfl_xor_sync and __syncthreads), so that tests/emu can
- * compile the kernels that use them on the host: scalar functions, fixed-
+ * library, __float_as_uint, __shfl_xor_sync and __syncthreads), so that
+ * tests/emu can compile the kernels that use them on the host: scalar
+ * functions (bf16 rounding, gates), fixed-
  * order warp and block sums, paged-state rows and the MLA selection walk. */
 #ifndef GLM53_GPU_GK_DEVICE_CUH
 #define GLM53_GPU_GK_DEVICE_CUH
@@ -15,6 +16,12 @@ __device__ __forceinline__ int bpos(const gk_batch &b, int t, int *seg) {
   int s = b.tseg[t];
   if (seg) *seg = s;
   return b.seg[s].pos0 + t - b.seg[s].t0;
+}
+/* fp32 -> bf16 bits, round to nearest even (__float2bfloat16's result) */
+__device__ __forceinline__ uint32_t bf16_bits(float f) {
+  const uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u; /* NaN */
+  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
 }
 __device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
 /* KDA forget gate (log decay) of channel c (head h) from its raw

@@ -9,6 +9,9 @@
 #include "gk_mla_attn.cuh" /* mla_attn_k, mla_merge_k, mla_hs_k */
 #include "gk_dsa.cuh"      /* store_at_k, pool_keys_k, idx_scores_k */
 #include "gk_kda_recur.cuh" /* kr_load, kda_recur8_k */
+#if !GK_HIP
+#include "gk_mhc_tc.cuh" /* mhc_proj_tc_k, mhc_proj_sum_k */
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -422,11 +425,31 @@ __global__ void __launch_bounds__(256) mhc_proj_k(const float *X, const float *f
       }
     }
 }
+#if !GK_HIP
+static gk_scratch g_mt_part; /* the tensor-core form's partial sums (long chunks only: never in a graph) */
+#endif
+static int g_mhc_tc = -1; /* GLM53_GPU_MHC_TC=0: the SIMT kernel */
+extern "C" void gk_set_mhc_tc(int on) { g_mhc_tc = on < 0 ? -1 : !!on; }
+extern "C" int gk_mhc_tc_on(void) {
+  if (g_mhc_tc < 0) g_mhc_tc = !GK_HIP && !(getenv("GLM53_GPU_MHC_TC") && !strcmp(getenv("GLM53_GPU_MHC_TC"), "0"));
+  return g_mhc_tc && !GK_HIP;
+}
 extern "C" int gk_mhc_proj(const gpu_mat *fn, const float *X, int T, int hc, int D, float *mixraw, float *ssq) {
   const int n = hc * D, mix = (2 + hc) * hc;
   if (fn->fmt != GF_F32 || fn->rows != mix || fn->cols != n || mix != 24 || n % 4 || (uintptr_t)X % 16 ||
       (uintptr_t)fn->d % 16)
     return 1;
+#if !GK_HIP
+  if (gk_mhc_tc_on()) {
+    const int S = mt_splits(n);
+    float *part = (float *)gk_scratch_grow(&g_mt_part, (size_t)S * T * MT_PART * 4);
+    if (!part) return -1;
+    gk_launch(mhc_proj_tc_k, dim3((unsigned)((T + 63) / 64), (unsigned)S), 128, 0, X, (const float *)fn->d, T, n, part);
+    if (GK_LAUNCHED("mhc proj (tensor cores)")) return -1;
+    gk_launch(mhc_proj_sum_k, gk_blocks((size_t)T * MT_PART, 256), 256, 0, (const float *)part, S, T, mixraw, ssq);
+    return GK_LAUNCHED("mhc proj sums") ? -1 : 0;
+  }
+#endif
   gk_launch(mhc_proj_k<24>, gk_blocks((size_t)T, 8 * MP_TW), 256, 0, X, (const float *)fn->d, T, n / 4, mixraw, ssq);
   return GK_LAUNCHED("mhc proj") ? -1 : 0;
 }

@@ -557,6 +557,17 @@ __global__ void mha_kv_split_k(const float *src, int rows, int H, int nope, int 
   *(uint32_t *)(d + o) = hi;
   *(uint32_t *)(d + o + w) = lo;
 }
+
+/* dst row r = (src row r, src row r), rows of n 32-bit words */
+__global__ void dup_cols_k(const uint32_t *src, int rows, int n, uint32_t *dst) {
+  GK_PDL_BEGIN();
+  const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i >= (size_t)rows * n) return;
+  const size_t r = i / n;
+  const uint32_t v = src[i];
+  dst[i + r * n] = v;
+  dst[i + r * n + n] = v;
+}
 #endif
 
 static int g_mha = -1; /* GLM53_GPU_MLA_MHA=0: the absorbed form for every chunk */
@@ -586,13 +597,18 @@ extern "C" int gk_mla_mha_gemm(const float *q, const float *latent, const gpu_ma
   if (blas()) return -1;
   const int lrows = rnd8(ctx), R = kvb->rows, ldh = 2 * (nope + vd);
   const float one = 1.f, zero = 0.f;
-  const void *W = kvb->d;
-  if (kvb->fmt != GF_BF16) { /* dequantised to bf16 as the other prefill GEMMs do */
-    __nv_bfloat16 *t = (__nv_bfloat16 *)buf(4, (size_t)R * kl * 2);
-    if (!t) return -1;
-    gk_dequant_bf16(kvb, t);
-    W = t;
+  const void *W = kvb->d;  /* bf16 rows */
+  /* W2 = [W | W] (R rows of 2 kl): one GEMM against the latent's (hi | lo)
+   * rows sums both products (a quantized kv_b dequantised to bf16 first,
+   * as the other prefill GEMMs do) */
+  uint16_t *W2 = (uint16_t *)buf(4, (size_t)R * kl * 2 * (kvb->fmt != GF_BF16 ? 3 : 2));
+  if (!W2) return -1;
+  if (kvb->fmt != GF_BF16) {
+    gk_dequant_bf16(kvb, (__nv_bfloat16 *)(W2 + (size_t)R * 2 * kl));
+    W = W2 + (size_t)R * 2 * kl;
   }
+  gk_launch(dup_cols_k, (unsigned)(((size_t)R * kl / 2 + 255) / 256), 256, 0, (const uint32_t *)W, R, kl / 2, (uint32_t *)W2);
+  if (GK_LAUNCHED("mla mha kv_b twice")) return -1;
   /* the latent rows split (hi, lo), zero past ctx */
   uint16_t *L2 = (uint16_t *)buf(1, (size_t)lrows * 2 * kl * 2);
   uint16_t *KV3 = (uint16_t *)buf(2, (size_t)lrows * H * ldh * 2);
@@ -608,16 +624,27 @@ extern "C" int gk_mla_mha_gemm(const float *q, const float *latent, const gpu_ma
   if (!KVf) return -1;
   for (int r0 = 0; r0 < lrows; r0 += rblk) {
     const int n = lrows - r0 < rblk ? lrows - r0 : rblk;
-    /* column-major: KVf^T [R x n] = W [R x kl] (row-major kl-wide: OP_T) x Lplane^T [kl x n] */
-    for (int pl = 0; pl < 2; pl++)
-      if (cublasGemmEx(g_h, CUBLAS_OP_T, CUBLAS_OP_N, R, n, kl, &one, W, CUDA_R_16BF, kl, L2 + (size_t)r0 * 2 * kl + pl * kl,
-                       CUDA_R_16BF, 2 * kl, pl ? &one : &zero, KVf, CUDA_R_32F, R, CUBLAS_COMPUTE_32F,
-                       CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
-        return gk_fail("mla mha: key/value GEMM failed (%d x %d x %d)", R, n, kl);
+    /* column-major: KVf^T [R x n] = W2 [R x 2 kl] (row-major: OP_T) x L2^T [2 kl x n] */
+    if (cublasGemmEx(g_h, CUBLAS_OP_T, CUBLAS_OP_N, R, n, 2 * kl, &one, W2, CUDA_R_16BF, 2 * kl, L2 + (size_t)r0 * 2 * kl,
+                     CUDA_R_16BF, 2 * kl, &zero, KVf, CUDA_R_32F, R, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
+      return gk_fail("mla mha: key/value GEMM failed (%d x %d x %d)", R, n, 2 * kl);
     if (GK_LAUNCHED("mla mha kv gemm")) return -1;
     gk_launch(mha_kv_split_k, (unsigned)(((size_t)n * H * (nope + vd) / 2 + 255) / 256), 256, 0, KVf, n, H, nope, vd,
               KV3 + (size_t)r0 * H * ldh);
     if (GK_LAUNCHED("mla mha kv split")) return -1;
+  }
+  if (gk_mla_flash_fits(nope, vd, P)) { /* every token in one fused launch: no scores in memory */
+    const int nw = gk_mla_flash_map_words(lrows, P);
+    const size_t qb = al256((size_t)T * H * nope * 2);
+    char *fb = (char *)buf(0, qb + (size_t)T * nw * 4);
+    if (!fb) return -1;
+    uint16_t *Q16 = (uint16_t *)fb;
+    gk_launch(split_rows_k, (unsigned)(((size_t)T * H * nope / 2 + 255) / 256), 256, 0, q, (size_t)nope, T * H, T * H, nope,
+              1, 0u, Q16);
+    if (GK_LAUNCHED("mla mha split queries")) return -1;
+    return gk_mla_flash(Q16, KV3, dense, npools, tail, pools, K, dpos, T, H, nope, vd, P, lrows, scale,
+                        (uint32_t *)(fb + qb), out);
   }
   const size_t budget = (size_t)768 << 20; /* scratch bytes per sub-chunk */
   for (int t0 = 0; t0 < T;) {

@@ -1,0 +1,147 @@
+/* The mHC projection of long chunks on tensor cores: mixraw[t][o] = fn[o]
+ * . X_t (24 outputs) and ssq[t] = X_t . X_t, as gk_mhc_proj's SIMT kernel
+ * (mhc_proj_k in gk_layers.cu) computes them, which is bound by shared-
+ * memory reads of fn (one 16-byte read per 8 FMAs; ~225 us per call on an
+ * H100 for 4096 tokens of 4 x 4096 floats against ~90 us to read X once).
+ *
+ * Arithmetic: 3xTF32 on mma.sync m16n8k8 (fp32 accumulation): x = hi + lo
+ * with hi = tf32(x), lo = tf32(x - hi), and likewise fn; x . f = hi.hi +
+ * hi.lo + lo.hi, ~2^-21 relative per product (lo.lo dropped): fp32-level
+ * accuracy, not fp32's bits.
+ *
+ * Layout: a warp takes 16 tokens, a block 4 warps (64 tokens) and one
+ * split of MT_COLS columns (grid.y splits: the split count depends on the
+ * width only, so a token's sums never depend on the chunk it came in). A
+ * lane loads float4s: X rows g and g + 8 and fn rows 8 j + g (j < 3) at
+ * columns 4 t .. 4 t + 3 of each 16; since a dot product may visit its k
+ * in any order (the same for both operands), float4 element 0 / 1 are
+ * logical k t / t + 4 of one k8 step and elements 2 / 3 of the next. Each
+ * split writes partial sums part[s][t][25] (24 outputs, then the sum of
+ * squares); mhc_proj_sum_k adds the splits in order: deterministic.
+ *
+ * Apart from gk_layers.cu so that tests/unit/test_mhc_tc_emu.cpp can run
+ * it on the host through tests/emu/cuda_emu.h (GK_EMU: emulated cvt.rna
+ * and mma.sync). CUDA only: the HIP build keeps the SIMT kernel. The
+ * includer provides __shfl_xor_sync, float4 and GK_PDL_BEGIN. */
+#ifndef GLM53_GPU_GK_MHC_TC_CUH
+#define GLM53_GPU_GK_MHC_TC_CUH
+
+#define MT_COLS 1024 /* columns per split */
+#define MT_MIX 24    /* outputs (the 4-stream mHC's (2 + hc) hc) */
+#define MT_PART 25   /* floats per (split, token): the outputs, the sum of squares */
+
+static inline int mt_splits(int n) { return (n + MT_COLS - 1) / MT_COLS; }
+
+/* fp32 -> tf32 (round to nearest, ties away), as an fp32 bit pattern */
+__device__ __forceinline__ uint32_t mt_tf32(float x) {
+#ifdef GK_EMU
+  return emu_cvt_rna_tf32(x);
+#else
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+#endif
+}
+/* c[16x8] += a[16x8] . b[8x8], tf32 in, fp32 accumulate */
+__device__ __forceinline__ void mt_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+#ifdef GK_EMU
+  emu_mma_tf32_1688(c, a, b0, b1);
+#else
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+__device__ __forceinline__ void mt_split(float x, uint32_t *hi, uint32_t *lo) {
+  *hi = mt_tf32(x);
+  *lo = mt_tf32(x - __uint_as_float(*hi));
+}
+/* one k8 step: a = X rows (g, g + 8) at logical k (t, t + 4); f = fn row
+ * 8 j + g at (t, t + 4) for j < 3 */
+__device__ __forceinline__ void mt_step(float c[3][4], float a0, float b0, float a1, float b1, const float (*f)[2]) {
+  uint32_t ah[4], al[4];
+  mt_split(a0, &ah[0], &al[0]);
+  mt_split(b0, &ah[1], &al[1]);
+  mt_split(a1, &ah[2], &al[2]);
+  mt_split(b1, &ah[3], &al[3]);
+#pragma unroll
+  for (int j = 0; j < 3; j++) {
+    uint32_t fh0, fl0, fh1, fl1;
+    mt_split(f[j][0], &fh0, &fl0);
+    mt_split(f[j][1], &fh1, &fl1);
+    mt_mma(c[j], al, fh0, fh1);
+    mt_mma(c[j], ah, fl0, fl1);
+    mt_mma(c[j], ah, fh0, fh1);
+  }
+}
+
+__global__ void __launch_bounds__(128) mhc_proj_tc_k(const float *X, const float *fn, int T, int n, float *part) {
+  GK_PDL_BEGIN();
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+  const int t0 = (blockIdx.x * 4 + w) * 16, s = blockIdx.y, c0 = s * MT_COLS, c1 = min(n, c0 + MT_COLS);
+  if (t0 >= T) return;
+  const int ra = t0 + g, rb = t0 + g + 8;
+  const bool oka = ra < T, okb = rb < T;
+  const float *xa = X + (size_t)(oka ? ra : t0) * n, *xb = X + (size_t)(okb ? rb : t0) * n;
+  const float4 z4 = make_float4(0.f, 0.f, 0.f, 0.f);
+  float c[3][4], ss[2] = {0.f, 0.f};
+#pragma unroll
+  for (int j = 0; j < 3; j++) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.f;
+  float4 a, b, f[3];
+  auto load = [&](int cb) { /* n % 4 == 0: a float4 is all in or all out */
+    const int col = cb + 4 * t4;
+    const bool ok = col < c1;
+    a = ok && oka ? __ldg((const float4 *)(xa + col)) : z4;
+    b = ok && okb ? __ldg((const float4 *)(xb + col)) : z4;
+#pragma unroll
+    for (int j = 0; j < 3; j++) f[j] = ok ? __ldg((const float4 *)(fn + (size_t)(8 * j + g) * n + col)) : z4;
+  };
+  load(c0);
+#pragma unroll 2
+  for (int cb = c0; cb < c1; cb += 16) {
+    const float4 ca = a, cbv = b, cf0 = f[0], cf1 = f[1], cf2 = f[2];
+    if (cb + 16 < c1) load(cb + 16); /* the next step's loads in flight during this one's products */
+    ss[0] += ca.x * ca.x;
+    ss[0] += ca.y * ca.y;
+    ss[0] += ca.z * ca.z;
+    ss[0] += ca.w * ca.w;
+    ss[1] += cbv.x * cbv.x;
+    ss[1] += cbv.y * cbv.y;
+    ss[1] += cbv.z * cbv.z;
+    ss[1] += cbv.w * cbv.w;
+    const float f01[3][2] = {{cf0.x, cf0.y}, {cf1.x, cf1.y}, {cf2.x, cf2.y}};
+    const float f23[3][2] = {{cf0.z, cf0.w}, {cf1.z, cf1.w}, {cf2.z, cf2.w}};
+    mt_step(c, ca.x, cbv.x, ca.y, cbv.y, f01);
+    mt_step(c, ca.z, cbv.z, ca.w, cbv.w, f23);
+  }
+  /* sums of squares over the quad (lanes 4 g .. 4 g + 3 share rows) */
+#pragma unroll
+  for (int e = 0; e < 2; e++) {
+    ss[e] += __shfl_xor_sync(0xffffffffu, ss[e], 1);
+    ss[e] += __shfl_xor_sync(0xffffffffu, ss[e], 2);
+  }
+  float *pa = part + ((size_t)s * T + ra) * MT_PART, *pb = part + ((size_t)s * T + rb) * MT_PART;
+#pragma unroll
+  for (int j = 0; j < 3; j++) {
+    const int o = 8 * j + 2 * t4;
+    if (oka) pa[o] = c[j][0], pa[o + 1] = c[j][1];
+    if (okb) pb[o] = c[j][2], pb[o + 1] = c[j][3];
+  }
+  if (t4 == 0 && oka) pa[MT_MIX] = ss[0];
+  if (t4 == 0 && okb) pb[MT_MIX] = ss[1];
+}
+
+/* mixraw[t][o] / ssq[t] = the splits' partial sums, added in split order */
+__global__ void mhc_proj_sum_k(const float *part, int S, int T, float *mixraw, float *ssq) {
+  GK_PDL_BEGIN();
+  const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i >= (size_t)T * MT_PART) return;
+  const size_t t = i / MT_PART;
+  const int o = (int)(i % MT_PART);
+  float v = 0.f;
+  for (int s = 0; s < S; s++) v += part[(size_t)s * T * MT_PART + i];
+  if (o < MT_MIX) mixraw[t * MT_MIX + o] = v;
+  else ssq[t] = v;
+}
+
+#endif

@@ -1,0 +1,119 @@
+/* The fused (flash) attention kernel of the per-head MLA form
+ * (src/gpu/kernels/gk_mla_flash.cuh) and its selection bitmap run on the
+ * host through the CUDA emulator (tests/emu/cuda_emu.h emulates the warp's
+ * ldmatrix and bf16 mma.sync), against a float64 softmax attention over
+ * the same bf16 inputs (q, K hi + lo, V hi + lo) and the same selections
+ * written as explicit row lists: dense tokens, then K pools (a spread,
+ * unordered choice) plus the tail. Rows past the context hold large values
+ * that must stay masked; a partial last block of tokens; a later chunk
+ * (pos0 > 0) over several key tiles; the model's widths (256 / 256) and the
+ * small test widths (64 / 32). Tolerance 1e-4 of each token-head's largest
+ * output (the kernel splits the probabilities into bf16 hi + lo and drops
+ * lo x lo: ~2^-16 relative). So the fragment layouts and the masking are
+ * checked on every CI run, not only on a device. */
+#include "emu/cuda_emu.h"
+extern "C" {
+#include "gpu/kernels/gk.h"
+}
+#include "test_util.h"
+#include <string.h>
+
+#include "gpu/kernels/gk_device.cuh"
+#include "gpu/kernels/gk_mla_flash.cuh"
+
+static uint64_t g_s = 0x13198a2e03707344ull;
+static uint64_t rnd() {
+  g_s ^= g_s << 13; g_s ^= g_s >> 7; g_s ^= g_s << 17;
+  return g_s;
+}
+static float rf() { return (float)((rnd() >> 11) * (2.0 / 9007199254740992.0) - 1.0); }
+static float bf(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+
+template <int NOPE, int VD> static void flash_case(int H, int P, int K, int pos0, int T) {
+  const int ctx = pos0 + T, lrows = (ctx + 7) / 8 * 8, ldh = 2 * (NOPE + VD);
+  int pshift = 0;
+  while ((1 << pshift) < P) pshift++;
+  /* inputs as the GEMM form leaves them: q rounded to bf16; K and V split
+   * hi + lo; rows past the context (up to lrows) large, to be masked */
+  std::vector<uint16_t> q16((size_t)T * H * NOPE), kv((size_t)lrows * H * ldh);
+  for (auto &x : q16) x = (uint16_t)bf16_bits(rf());
+  for (int n = 0; n < lrows; n++)
+    for (int h = 0; h < H; h++)
+      for (int part = 0; part < 2; part++) { /* K, V */
+        const int w = part ? VD : NOPE;
+        uint16_t *row = &kv[((size_t)n * H + h) * ldh + (part ? 2 * NOPE : 0)];
+        for (int c = 0; c < w; c++) {
+          const float x = n < ctx ? rf() : 300.f;
+          const uint32_t hi = bf16_bits(x);
+          row[c] = (uint16_t)hi;
+          row[w + c] = (uint16_t)bf16_bits(x - __uint_as_float(hi << 16));
+        }
+      }
+  /* selections: dense while a token has at most K complete pools, then K
+   * of them (distinct, spread, unordered) and the tail */
+  std::vector<int> dense(T), np(T), tail(T), pools((size_t)T * K);
+  for (int t = 0; t < T; t++) {
+    const int pos = pos0 + t, n = (pos + 1) / P;
+    dense[t] = n <= K;
+    np[t] = n <= K ? n : K;
+    tail[t] = n * P;
+    for (int i = 0; i < K; i++)
+      pools[(size_t)t * K + i] = n <= K ? i : (int)(((uint64_t)t * 7 + (uint64_t)i * (n / K)) % (uint64_t)n);
+  }
+  /* float64 reference */
+  const double scale = 1.0 / sqrt((double)NOPE);
+  std::vector<float> ref((size_t)T * H * VD);
+  std::vector<int> rows;
+  for (int t = 0; t < T; t++) {
+    const int pos = pos0 + t;
+    rows.clear();
+    if (dense[t])
+      for (int j = 0; j <= pos; j++) rows.push_back(j);
+    else {
+      for (int i = 0; i < np[t]; i++)
+        for (int u = 0; u < P; u++) rows.push_back(pools[(size_t)t * K + i] * P + u);
+      for (int j = tail[t]; j <= pos; j++) rows.push_back(j);
+    }
+    for (int h = 0; h < H; h++) {
+      std::vector<double> sc(rows.size()), o(VD, 0.0);
+      double mx = -INFINITY, z = 0;
+      for (size_t s = 0; s < rows.size(); s++) {
+        const uint16_t *kr = &kv[((size_t)rows[s] * H + h) * ldh], *qr = &q16[((size_t)t * H + h) * NOPE];
+        double a = 0;
+        for (int c = 0; c < NOPE; c++) a += (double)bf(qr[c]) * ((double)bf(kr[c]) + bf(kr[NOPE + c]));
+        sc[s] = a * scale;
+        mx = std::max(mx, sc[s]);
+      }
+      for (size_t s = 0; s < rows.size(); s++) {
+        const uint16_t *vr = &kv[((size_t)rows[s] * H + h) * ldh + 2 * NOPE];
+        const double e = exp(sc[s] - mx);
+        z += e;
+        for (int d = 0; d < VD; d++) o[d] += e * ((double)bf(vr[d]) + bf(vr[VD + d]));
+      }
+      for (int d = 0; d < VD; d++) ref[((size_t)t * H + h) * VD + d] = (float)(o[d] / z);
+    }
+  }
+  /* the kernels */
+  const int nw = mf_map_words(lrows, P);
+  std::vector<uint32_t> map((size_t)T * nw, 0xdeadbeefu);
+  std::vector<float> out((size_t)T * H * VD, NAN);
+  const float sl2 = (float)(scale * 1.4426950408889634);
+  bool ok = mf_cfg<NOPE, VD>::smem <= sizeof emu_smem_buf;
+  ok = ok && emu_launch(dim3(T), dim3(256), [&] { mf_selmap_k(dense.data(), np.data(), pools.data(), K, nw, map.data()); });
+  ok = ok && emu_launch(dim3((T + MF_BM - 1) / MF_BM, H), dim3(128), [&] {
+         mla_flash_k<NOPE, VD>(q16.data(), kv.data(), dense.data(), tail.data(), map.data(), nw, &pos0, T, H, pshift, lrows,
+                               sl2, out.data());
+       });
+  const double err = rows_rel_diff(ref.data(), out.data(), T * H, VD);
+  CHECK(ok, "mla flash %d/%d: the emulated kernels deadlocked or do not fit", NOPE, VD);
+  CHECK(err <= 1e-4, "mla flash nope %d vd %d H%d P%d K%d pos0 %d T%d: err %.3g > 1e-4", NOPE, VD, H, P, K, pos0, T, err);
+  printf("mla flash (emulated) nope %-3d vd %-3d H%d P%d K%-2d pos0 %-3d T%-3d vs float64: err %.3g (tol 1e-4)\n", NOPE, VD, H,
+         P, K, pos0, T, err);
+}
+
+int main() {
+  flash_case<64, 32>(2, 4, 3, 0, 70);    /* dense, then masked past 15 positions; a partial second block */
+  flash_case<64, 32>(1, 8, 4, 100, 40);  /* a later chunk: keys over three tiles, a partial row of pools */
+  flash_case<256, 256>(1, 4, 16, 40, 30); /* the model's widths */
+  TEST_DONE();
+}
