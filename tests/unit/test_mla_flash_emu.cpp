@@ -29,7 +29,7 @@ static uint64_t rnd() {
 static float rf() { return (float)((rnd() >> 11) * (2.0 / 9007199254740992.0) - 1.0); }
 static float bf(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 
-template <int NOPE, int VD> static void flash_case(int H, int P, int K, int pos0, int T) {
+template <int NOPE, int VD, int BN> static void flash_case(int H, int P, int K, int pos0, int T) {
   const int ctx = pos0 + T, lrows = (ctx + 7) / 8 * 8, ldh = 2 * (NOPE + VD);
   int pshift = 0;
   while ((1 << pshift) < P) pshift++;
@@ -98,22 +98,27 @@ template <int NOPE, int VD> static void flash_case(int H, int P, int K, int pos0
   std::vector<uint32_t> map((size_t)T * nw, 0xdeadbeefu);
   std::vector<float> out((size_t)T * H * VD, NAN);
   const float sl2 = (float)(scale * 1.4426950408889634);
-  bool ok = mf_cfg<NOPE, VD>::smem <= sizeof emu_smem_buf;
+  bool ok = mf_cfg<NOPE, VD, BN>::smem <= sizeof emu_smem_buf;
   ok = ok && emu_launch(dim3(T), dim3(256), [&] { mf_selmap_k(dense.data(), np.data(), pools.data(), K, nw, map.data()); });
   ok = ok && emu_launch(dim3((T + MF_BM - 1) / MF_BM, H), dim3(128), [&] {
-         mla_flash_k<NOPE, VD>(q16.data(), kv.data(), dense.data(), tail.data(), map.data(), nw, &pos0, T, H, pshift, lrows,
+         mla_flash_k<NOPE, VD, BN>(q16.data(), kv.data(), dense.data(), tail.data(), map.data(), nw, &pos0, T, H, pshift, lrows,
                                sl2, out.data());
        });
   const double err = rows_rel_diff(ref.data(), out.data(), T * H, VD);
-  CHECK(ok, "mla flash %d/%d: the emulated kernels deadlocked or do not fit", NOPE, VD);
-  CHECK(err <= 1e-4, "mla flash nope %d vd %d H%d P%d K%d pos0 %d T%d: err %.3g > 1e-4", NOPE, VD, H, P, K, pos0, T, err);
-  printf("mla flash (emulated) nope %-3d vd %-3d H%d P%d K%-2d pos0 %-3d T%-3d vs float64: err %.3g (tol 1e-4)\n", NOPE, VD, H,
-         P, K, pos0, T, err);
+  CHECK(ok, "mla flash %d/%d, %d keys per tile: the emulated kernels deadlocked or do not fit", NOPE, VD, BN);
+  CHECK(err <= 1e-4, "mla flash nope %d vd %d BN %d H%d P%d K%d pos0 %d T%d: err %.3g > 1e-4", NOPE, VD, BN, H, P, K, pos0, T,
+        err);
+  printf("mla flash (emulated) nope %-3d vd %-3d BN %d H%d P%d K%-2d pos0 %-3d T%-3d vs float64: err %.3g (tol 1e-4)\n", NOPE,
+         VD, BN, H, P, K, pos0, T, err);
 }
 
 int main() {
-  flash_case<64, 32>(2, 4, 3, 0, 70);    /* dense, then masked past 15 positions; a partial second block */
-  flash_case<64, 32>(1, 8, 4, 100, 40);  /* a later chunk: keys over three tiles, a partial row of pools */
-  flash_case<256, 256>(1, 4, 16, 40, 30); /* the model's widths */
+  /* 64 and 32 keys per tile */
+  flash_case<64, 32, 64>(2, 4, 3, 0, 70); /* dense, then masked past 15 positions; a partial second block */
+  flash_case<64, 32, 32>(2, 4, 3, 0, 70);
+  flash_case<64, 32, 64>(1, 8, 4, 100, 40); /* a later chunk: keys over three tiles, a partial row of pools */
+  flash_case<64, 32, 32>(1, 8, 4, 100, 40);
+  flash_case<256, 256, 64>(1, 4, 16, 40, 30); /* the model's widths */
+  flash_case<256, 256, 32>(1, 4, 16, 40, 30);
   TEST_DONE();
 }

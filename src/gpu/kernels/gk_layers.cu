@@ -1022,7 +1022,9 @@ static int kr_layout(int hd) {
 }
 /* tokens per tile: what fits in `budget` bytes (48 KB: no opt-in shared
  * memory), split over two buffers when copying asynchronously; at most 32,
- * at most T */
+ * at most T (the longest segment's tokens: a batch of one-token decode
+ * segments gets one-token tiles, so more blocks fit an SM; the tiling
+ * never changes the bits) */
 static int kr_tile_tokens(int hd, int cols, int T, bool async, size_t budget, size_t *smem) {
   const int nb = async ? 2 : 1;
   int tt = 32;
@@ -1076,7 +1078,7 @@ static void kr8_launch(const gk_batch *b, const float *qkv, const float *g, cons
   dim3 grid(H, gk_blocks(8 * MM, KR8_COLS), b->nseg);
   const bool big = one > 48 * 1024 && (long)grid.x * grid.y * grid.z <= sms && kr8_smem<MODE, MM, C, ASYNC>(one);
   size_t sm;
-  const int tt = kr_tile_tokens(8 * MM, KR8_COLS, T, ASYNC, big ? one : 48 * 1024, &sm);
+  const int tt = kr_tile_tokens(8 * MM, KR8_COLS, b->maxlen, ASYNC, big ? one : 48 * 1024, &sm);
   if (big) sm = one;
   gk_launch(kda_recur8_k<MODE, MM, ASYNC, C>, grid, kr8_threads<C>(), sm, *b, qkv, g, dt_bias, A_log, lb, bl, H, tt, o);
 }
@@ -1096,7 +1098,7 @@ static void kr_launch_c(const gk_batch *b, const float *qkv, const float *g, con
                         float lb, const float *bl, int T, int H, int hd, float *o, bool async) {
   const int cols = CPW * KR_WARPS;
   size_t sm;
-  const int tt = kr_tile_tokens(hd, cols, T, async, 48 * 1024, &sm);
+  const int tt = kr_tile_tokens(hd, cols, b->maxlen, async, 48 * 1024, &sm);
   dim3 grid(H, gk_blocks(hd, cols), b->nseg);
   const bool full = hd == 32 * MM;
   if (async && full)

@@ -9,7 +9,7 @@
  * (mma.sync m16n8k16, fp32 accumulation): scores = q (bf16) . (K hi + K lo),
  * output = P hi . V hi + P lo . V hi + P hi . V lo (the probabilities split
  * in registers, lo.lo dropped). The softmax is online (a running max and
- * sum per row, rescaled per 64-key tile), so the sums run in another order
+ * sum per row, rescaled per key tile), so the sums run in another order
  * than the GEMM form's: equal within rounding, not bitwise.
  *
  * Layout: a block of 4 warps takes 64 tokens of one head (16 rows per
@@ -30,22 +30,32 @@
 #if !GK_HIP
 #include "gk_mla_flash.cuh"
 
-template <int NOPE, int VD>
+template <int NOPE, int VD, int BN>
 static int mf_run(const uint16_t *Q16, const uint16_t *KV3, const int *dense, const int *tail, const uint32_t *map, int nw,
                   const int *dpos, int T, int H, int pshift, int lrows, float sl2, float *out) {
+  using C = mf_cfg<NOPE, VD, BN>;
   static int attr;
   if (!attr) { /* more than the 48 KB default of dynamic shared memory */
-    GK_TRY(cudaFuncSetAttribute((const void *)mla_flash_k<NOPE, VD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)mf_cfg<NOPE, VD>::smem));
+    GK_TRY(cudaFuncSetAttribute((const void *)mla_flash_k<NOPE, VD, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)C::smem));
     attr = 1;
   }
-  gk_launch(mla_flash_k<NOPE, VD>, dim3((T + MF_BM - 1) / MF_BM, H), 128, mf_cfg<NOPE, VD>::smem, Q16, KV3, dense, tail,
-            map, nw, dpos, T, H, pshift, lrows, sl2, out);
+  gk_launch(mla_flash_k<NOPE, VD, BN>, dim3((T + MF_BM - 1) / MF_BM, H), 128, C::smem, Q16, KV3, dense, tail, map, nw, dpos,
+            T, H, pshift, lrows, sl2, out);
   return GK_LAUNCHED("mla flash") ? -1 : 0;
 }
 #endif
 
 static int g_flash = -1; /* GLM53_GPU_MLA_FLASH=0: the GEMM form */
+static int g_flash_bn = -1; /* GLM53_GPU_MLA_FLASH_BN: keys per tile, 64 or 32 */
+extern "C" void gk_set_mla_flash_bn(int bn) { g_flash_bn = bn == 32 || bn == 64 ? bn : -1; }
+extern "C" int gk_mla_flash_bn(void) {
+  if (g_flash_bn < 0) {
+    const char *e = getenv("GLM53_GPU_MLA_FLASH_BN");
+    g_flash_bn = e && atoi(e) == 32 ? 32 : 64;
+  }
+  return g_flash_bn;
+}
 extern "C" void gk_set_mla_flash(int on) { g_flash = on < 0 ? -1 : !!on; }
 extern "C" int gk_mla_flash_on(void) {
   if (g_flash < 0) g_flash = !(getenv("GLM53_GPU_MLA_FLASH") && !strcmp(getenv("GLM53_GPU_MLA_FLASH"), "0"));
@@ -67,8 +77,11 @@ int gk_mla_flash(const uint16_t *Q16, const uint16_t *KV3, const int *dense, con
   gk_launch(mf_selmap_k, dim3(T), 256, (size_t)nw * 4, dense, npools, pools, K, nw, map);
   if (GK_LAUNCHED("mla flash selection map")) return -1;
   const float sl2 = scale * 1.4426950408889634f;
-  return nope == 256 ? mf_run<256, 256>(Q16, KV3, dense, tail, map, nw, dpos, T, H, pshift, lrows, sl2, out)
-                     : mf_run<64, 32>(Q16, KV3, dense, tail, map, nw, dpos, T, H, pshift, lrows, sl2, out);
+#define MF_RUN(N, V, B) mf_run<N, V, B>(Q16, KV3, dense, tail, map, nw, dpos, T, H, pshift, lrows, sl2, out)
+  const int bn = gk_mla_flash_bn();
+  if (nope == 256) return bn == 32 ? MF_RUN(256, 256, 32) : MF_RUN(256, 256, 64);
+  return bn == 32 ? MF_RUN(64, 32, 32) : MF_RUN(64, 32, 64);
+#undef MF_RUN
 #endif
 }
 

@@ -9,13 +9,14 @@
 #define GLM53_GPU_GK_MLA_FLASH_CUH
 
 #define MF_BM 64 /* tokens per block: 4 warps x 16 rows */
-#define MF_BN 64 /* keys per tile */
 
-template <int NOPE, int VD> struct mf_cfg {
+/* BN keys per tile (32 or 64): 64 halves the barriers and softmax rescales
+ * per key; 32 leaves room for two blocks per SM at the model's widths */
+template <int NOPE, int VD, int BN> struct mf_cfg {
   static constexpr int LQ = NOPE + 8;     /* shared row strides in bf16: q */
   static constexpr int LK = 2 * NOPE + 8; /* K hi | lo */
   static constexpr int LV = 2 * VD + 8;   /* V hi | lo */
-  static constexpr size_t smem = (size_t)(MF_BM * LQ + MF_BN * LK + MF_BN * LV) * 2;
+  static constexpr size_t smem = (size_t)(MF_BM * LQ + BN * LK + BN * LV) * 2;
 };
 
 /* 16 bytes global -> shared, zero-filled when !ok (g must still be a valid address) */
@@ -97,18 +98,18 @@ __global__ void mf_selmap_k(const int *dense, const int *npools, const int *pool
 /* out[t][h][VD] for the tokens of the call (positions *dpos + t); Q16
  * [T][H][NOPE] bf16; KV3 rows [n][h][K hi, K lo, V hi, V lo] (lrows of
  * them); sl2 = softmax scale x log2(e) */
-template <int NOPE, int VD>
+template <int NOPE, int VD, int BN>
 __global__ void __launch_bounds__(128, 1)
     mla_flash_k(const uint16_t *Q16, const uint16_t *KV3, const int *dense, const int *tail, const uint32_t *map, int nw,
                 const int *dpos, int T, int H, int pshift, int lrows, float sl2, float *out) {
   GK_PDL_BEGIN();
-  using C = mf_cfg<NOPE, VD>;
+  using C = mf_cfg<NOPE, VD, BN>;
   GK_DYN_SMEM(uint16_t, mf_sm);
-  uint16_t *Qs = mf_sm, *Ks = Qs + MF_BM * C::LQ, *Vs = Ks + MF_BN * C::LK;
+  uint16_t *Qs = mf_sm, *Ks = Qs + MF_BM * C::LQ, *Vs = Ks + BN * C::LK;
   const int ntile = (T + MF_BM - 1) / MF_BM, tA = (ntile - 1 - (int)blockIdx.x) * MF_BM, h = blockIdx.y;
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int pos0 = *dpos, ldh = 2 * (NOPE + VD);
-  const int nkt = (pos0 + min(tA + MF_BM, T) - 1) / MF_BN + 1;
+  const int nkt = (pos0 + min(tA + MF_BM, T) - 1) / BN + 1;
   /* this lane's two rows (g, g + 8 of the warp's 16): position, selection */
   int rpos[2], rden[2], rtail[2];
   const uint32_t *rmap[2];
@@ -130,8 +131,8 @@ __global__ void __launch_bounds__(128, 1)
   auto load_kv = [&](int j, int v) { /* v: the V half of the rows, else K */
     const int CH = (v ? 2 * VD : 2 * NOPE) / 8, L = v ? C::LV : C::LK;
     uint16_t *dst = v ? Vs : Ks;
-    for (int i = tid; i < MF_BN * CH; i += 128) {
-      const int r = i / CH, c = i % CH, n = j * MF_BN + r;
+    for (int i = tid; i < BN * CH; i += 128) {
+      const int r = i / CH, c = i % CH, n = j * BN + r;
       mf_cp16(dst + r * L + c * 8, KV3 + ((size_t)(n < lrows ? n : 0) * H + h) * ldh + (v ? 2 * NOPE : 0) + c * 8,
               n < lrows);
     }
@@ -147,9 +148,9 @@ __global__ void __launch_bounds__(128, 1)
     __syncthreads(); /* K tile j (and q) in; every warp done with V tile j - 1 */
     load_kv(j, 1);
     mf_commit();
-    float s[MF_BN / 8][4];
+    float s[BN / 8][4];
 #pragma unroll
-    for (int i = 0; i < MF_BN / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+    for (int i = 0; i < BN / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
 #pragma unroll 2
     for (int kk = 0; kk < NOPE / 16; kk++) {
       uint32_t a[4];
@@ -157,7 +158,7 @@ __global__ void __launch_bounds__(128, 1)
 #pragma unroll
       for (int pl = 0; pl < 2; pl++)
 #pragma unroll
-        for (int jn = 0; jn < MF_BN / 16; jn++) {
+        for (int jn = 0; jn < BN / 16; jn++) {
           uint32_t b[4];
           mf_ldm4(b, Ks + (jn * 16 + (lane >> 4) * 8 + (lane & 7)) * C::LK + pl * NOPE + kk * 16 + ((lane >> 3) & 1) * 8);
           mf_mma(s[2 * jn], a, b[0], b[1]);
@@ -165,13 +166,13 @@ __global__ void __launch_bounds__(128, 1)
         }
     }
     /* mask, online softmax (base 2), rescale the output rows */
-    const int kb = j * MF_BN;
+    const int kb = j * BN;
 #pragma unroll
     for (int e = 0; e < 2; e++) {
       const bool all = rden[e] || kb >= rtail[e]; /* no pool lookups in this tile */
       float tmax = -INFINITY;
 #pragma unroll
-      for (int jn = 0; jn < MF_BN / 8; jn++)
+      for (int jn = 0; jn < BN / 8; jn++)
 #pragma unroll
         for (int c = 0; c < 2; c++) {
           const int n = kb + jn * 8 + 2 * t4 + c, p = n >> pshift;
@@ -186,7 +187,7 @@ __global__ void __launch_bounds__(128, 1)
       const float alpha = exp2f(m[e] - mu);
       float sum = 0.f;
 #pragma unroll
-      for (int jn = 0; jn < MF_BN / 8; jn++)
+      for (int jn = 0; jn < BN / 8; jn++)
 #pragma unroll
         for (int c = 0; c < 2; c++) {
           const float p = exp2f(s[jn][2 * e + c] - mu);
@@ -208,7 +209,7 @@ __global__ void __launch_bounds__(128, 1)
       mf_commit();
     }
 #pragma unroll
-    for (int kk = 0; kk < MF_BN / 16; kk++) {
+    for (int kk = 0; kk < BN / 16; kk++) {
       uint32_t ph[4], plo[4]; /* the accumulator layout of two key tiles is the A layout of 16 keys */
       mf_split(s[2 * kk][0], s[2 * kk][1], &ph[0], &plo[0]);
       mf_split(s[2 * kk][2], s[2 * kk][3], &ph[1], &plo[1]);
