@@ -200,6 +200,9 @@ int main(int argc, char **argv) {
   if (nl != 6 && (nl < 4 || nl > 45)) { fprintf(stderr, "layers: 6, or 4..45 of the release schedule\n"); return 2; }
   if (strcmp(mode, "bf16") && strcmp(mode, "q4") && strcmp(mode, "stream")) { fprintf(stderr, "unknown mode %s\n", mode); return 2; }
   g_q4 = !strcmp(mode, "q4");
+  /* GLM53_BENCH_QUICK=1: the default runs and the newest A/B only (the
+   * decode sweep and the older prefill variants take minutes of device time) */
+  const int quick = getenv("GLM53_BENCH_QUICK") && !strcmp(getenv("GLM53_BENCH_QUICK"), "1");
   unsetenv("GLM53_GPU_EXPERT_GB");
   char why[256];
   if (!glm53_gpu_available(why, sizeof why)) { printf("SKIP: no GPU device (%s)\n", why); return 0; }
@@ -230,7 +233,7 @@ int main(int argc, char **argv) {
          mode, E, dt * 1e3, 1 / dt, dbytes / 1e9, dbytes / dt / 1e9, 100.0 * dbytes / dt / 1e9 / bw);
   printf("L2 prefetch: GEMV %d bytes per row before its wait, experts %.0f MB at routing, PDL trigger %s\n", gk_gemv_l2pf(),
          gk_expert_l2pf() / 1048576.0, gk_pdl_early() ? "early" : "late");
-  if (gk_pdl_supported()) { /* the L2 prefetch settings and KDA layouts, then no programmatic dependent launch (fresh sessions: their own graphs) */
+  if (gk_pdl_supported() && !quick) { /* the L2 prefetch settings and KDA layouts, then no programmatic dependent launch (fresh sessions: their own graphs) */
     decode_sweep(m, steps, tok, logits, dbytes, bw);
     gk_force_pdl_off(1);
     glm53_session *s2 = glm53_session_new(m, 64 + steps + 16);
@@ -279,7 +282,7 @@ int main(int argc, char **argv) {
   run(s, tok, NP, base);
   /* prefill A/B within the run: the MLA GEMM form's other arithmetics */
   const int dflt = gk_mla_math();
-  for (int mode = GK_MLA_FP32; mode < GK_MLA_NMATH; mode++) {
+  for (int mode = GK_MLA_FP32; mode < GK_MLA_NMATH && !quick; mode++) {
     if (mode == dflt) continue;
     gk_set_mla_math(mode);
     glm53_session_reset(s);
@@ -314,6 +317,13 @@ int main(int argc, char **argv) {
     gk_set_mla_mha(-1);
     gk_set_mhc_tc(-1);
     gk_set_mla_flash_bn(-1);
+  }
+  if (quick) {
+    free(base);
+    glm53_session_free(s);
+    glm53_model_free(m);
+    free(tok); free(logits);
+    return 0;
   }
   /* prefill A/B: the KDA recurrence's other layouts (another summation
    * order each) */
