@@ -300,12 +300,12 @@ int main(int argc, char **argv) {
   static const char *const vname[4][2] = {{"MLA per-head form in batched GEMMs", "GLM53_GPU_MLA_FLASH=0"},
                                           {"MLA absorbed GEMM form", "GLM53_GPU_MLA_MHA=0"},
                                           {"mHC projection SIMT kernel", "GLM53_GPU_MHC_TC=0"},
-                                          {"MLA fused kernel, 32 keys per tile", "GLM53_GPU_MLA_FLASH_BN=32"}};
+                                          {"MLA fused kernel, 64 keys per tile", "GLM53_GPU_MLA_FLASH_BN=64"}};
   for (int v = 0; v < 4; v++) {
     if (v == 0) gk_set_mla_flash(0);
     if (v == 1) gk_set_mla_mha(0);
     if (v == 2) gk_set_mhc_tc(0);
-    if (v == 3) gk_set_mla_flash_bn(32);
+    if (v == 3) gk_set_mla_flash_bn(64);
     for (int i = 0; i < 3; i++) {
       glm53_session_reset(s);
       pr[i] = run(s, tok, NP, logits);

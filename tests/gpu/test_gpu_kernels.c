@@ -1039,17 +1039,17 @@ static void mla_mha_case(int fmt, int H, int nope, int vd, int kl, int P, int K,
   int rc = 0;
   double err = INFINITY;
   const double tol = gk_mla_math_tol(GK_MLA_BF16X3);
-  for (int v = 0; v < 3 && rc != 1; v++) { /* the fused kernel (64, 32 keys per tile) where it takes the widths, then the batched GEMMs */
+  for (int v = 0; v < 3 && rc != 1; v++) { /* the fused kernel (32, 64 keys per tile) where it takes the widths, then the batched GEMMs */
     const int fl = v < 2;
     if (fl && !gk_mla_flash_fits(nope, vd, P)) continue;
     gk_set_mla_flash(fl);
-    gk_set_mla_flash_bn(v == 1 ? 32 : 64);
+    gk_set_mla_flash_bn(v == 1 ? 64 : 32);
     gk_memset(dout, 0x7f, no * 4);
     rc = gk_mla_mha_gemm(dq, dl, &W.g, dd, dn, dt, dp, T, dpos, pos0, H, nope, vd, kl, P, K, (float)scale, dout);
     err = INFINITY;
     if (!rc && !gk_d2h(got, dout, no * 4)) err = rel(got, ref, no);
     if (rc == 1) break;
-    const char *form = !fl ? "gemms" : v ? "fused32" : "fused64";
+    const char *form = !fl ? "gemms" : v ? "fused64" : "fused32";
     CHECK(rc == 0, "mla mha %s: %s", form, gk_error());
     CHECK(err <= tol, "mla mha %s %s H%d nope%d vd%d kl%d P%d K%d pos0 %d T%d: err %g > %g", form, fname(fmt), H, nope, vd, kl,
           P, K, pos0, T, err, tol);

@@ -4,7 +4,7 @@
  * of each token's largest |output| and ssq within 2e-6 relative (3xTF32
  * keeps ~2^-21 per product; one rounding per tf32 split measured here
  * would show as ~5e-4). Shapes: a width past one split with a partial last
- * split (D 300: 1200 columns), two splits exactly (D 512), a token count
+ * split (D 300: 1200 columns), whole splits only (D 512), a token count
  * that leaves a partial warp and a partial block (T 37), and one split
  * narrower than 16 columns' multiple (D 6: 24 columns). Also: the same
  * token's sums do not depend on T (the split count depends on the width

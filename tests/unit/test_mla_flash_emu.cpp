@@ -100,7 +100,7 @@ template <int NOPE, int VD, int BN> static void flash_case(int H, int P, int K, 
   const float sl2 = (float)(scale * 1.4426950408889634);
   bool ok = mf_cfg<NOPE, VD, BN>::smem <= sizeof emu_smem_buf;
   ok = ok && emu_launch(dim3(T), dim3(256), [&] { mf_selmap_k(dense.data(), np.data(), pools.data(), K, nw, map.data()); });
-  ok = ok && emu_launch(dim3((T + MF_BM - 1) / MF_BM, H), dim3(128), [&] {
+  ok = ok && emu_launch(dim3((T + MF_BM - 1) / MF_BM, H), dim3(MF_THREADS), [&] {
          mla_flash_k<NOPE, VD, BN>(q16.data(), kv.data(), dense.data(), tail.data(), map.data(), nw, &pos0, T, H, pshift, lrows,
                                sl2, out.data());
        });

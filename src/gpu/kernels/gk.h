@@ -344,7 +344,7 @@ int gk_mla_flash_on(void);
 /* whether the fused kernel runs for these widths and pool size (on, CUDA,
  * nope/vd 256/256 or 64/32, P a power of two) */
 int gk_mla_flash_fits(int nope, int vd, int P);
-/* its keys per tile: -1 the environment (GLM53_GPU_MLA_FLASH_BN, 64 by
+/* its keys per tile: -1 the environment (GLM53_GPU_MLA_FLASH_BN, 32 by
  * default), 32 or 64 */
 void gk_set_mla_flash_bn(int bn);
 int gk_mla_flash_bn(void);

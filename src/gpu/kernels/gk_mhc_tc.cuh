@@ -26,7 +26,10 @@
 #ifndef GLM53_GPU_GK_MHC_TC_CUH
 #define GLM53_GPU_GK_MHC_TC_CUH
 
-#define MT_COLS 1024 /* columns per split */
+/* columns per split: 512 gives a 4096-token chunk of the model's 16384
+ * columns 2048 blocks, 2.6 waves of 6 blocks per SM (80 registers); 1024
+ * left the second of two waves half empty (H100: 172 us per call) */
+#define MT_COLS 512
 #define MT_MIX 24    /* outputs (the 4-stream mHC's (2 + hc) hc) */
 #define MT_PART 25   /* floats per (split, token): the outputs, the sum of squares */
 
@@ -75,7 +78,7 @@ __device__ __forceinline__ void mt_step(float c[3][4], float a0, float b0, float
   }
 }
 
-__global__ void __launch_bounds__(128) mhc_proj_tc_k(const float *X, const float *fn, int T, int n, float *part) {
+__global__ void __launch_bounds__(128, 6) mhc_proj_tc_k(const float *X, const float *fn, int T, int n, float *part) {
   GK_PDL_BEGIN();
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
   const int t0 = (blockIdx.x * 4 + w) * 16, s = blockIdx.y, c0 = s * MT_COLS, c1 = min(n, c0 + MT_COLS);

@@ -8,13 +8,19 @@
  * Arithmetic: the same terms as the GEMM form, on bf16 tensor cores
  * (mma.sync m16n8k16, fp32 accumulation): scores = q (bf16) . (K hi + K lo),
  * output = P hi . V hi + P lo . V hi + P hi . V lo (the probabilities split
- * in registers, lo.lo dropped). The softmax is online (a running max and
- * sum per row, rescaled per key tile), so the sums run in another order
- * than the GEMM form's: equal within rounding, not bitwise.
+ * hi + lo, lo.lo dropped). The softmax is online (a running max and sum
+ * per row, rescaled per key tile), so the sums run in another order than
+ * the GEMM form's: equal within rounding, not bitwise.
  *
- * Layout: a block of 4 warps takes 64 tokens of one head (16 rows per
- * warp); key tiles of 64 rows (K hi|lo, V hi|lo from the KV3 rows of the
- * GEMM form) go through shared memory by cp.async, the next K tile loading
+ * Layout: a block of 8 warps takes 64 tokens of one head: 4 row groups of
+ * 16, two warps each, one for each half of a key tile's scores and of the
+ * output columns (so a warp holds 128 output columns, not 256: <= 128
+ * registers, two blocks per SM with 32-key tiles; the first kernel, 4
+ * warps with all 256 columns each, ran one block of 4 warps per SM and
+ * measured 96 ms per 4096-token prefill, latency-bound). The two warps
+ * of a group exchange row maxima and probabilities through shared memory.
+ * Key tiles of BN rows (K hi|lo, V hi|lo from the KV3 rows of the GEMM
+ * form) go through shared memory by cp.async, the next K tile loading
  * while the output products of this one run and the V tile while its
  * scores run; rows padded by 16 bytes so ldmatrix reads are conflict-free.
  * Key tiles past the block's last position are skipped; inside, the
@@ -40,19 +46,19 @@ static int mf_run(const uint16_t *Q16, const uint16_t *KV3, const int *dense, co
                                 (int)C::smem));
     attr = 1;
   }
-  gk_launch(mla_flash_k<NOPE, VD, BN>, dim3((T + MF_BM - 1) / MF_BM, H), 128, C::smem, Q16, KV3, dense, tail, map, nw, dpos,
+  gk_launch(mla_flash_k<NOPE, VD, BN>, dim3((T + MF_BM - 1) / MF_BM, H), MF_THREADS, C::smem, Q16, KV3, dense, tail, map, nw, dpos,
             T, H, pshift, lrows, sl2, out);
   return GK_LAUNCHED("mla flash") ? -1 : 0;
 }
 #endif
 
 static int g_flash = -1; /* GLM53_GPU_MLA_FLASH=0: the GEMM form */
-static int g_flash_bn = -1; /* GLM53_GPU_MLA_FLASH_BN: keys per tile, 64 or 32 */
+static int g_flash_bn = -1; /* GLM53_GPU_MLA_FLASH_BN: keys per tile, 32 or 64 */
 extern "C" void gk_set_mla_flash_bn(int bn) { g_flash_bn = bn == 32 || bn == 64 ? bn : -1; }
 extern "C" int gk_mla_flash_bn(void) {
   if (g_flash_bn < 0) {
     const char *e = getenv("GLM53_GPU_MLA_FLASH_BN");
-    g_flash_bn = e && atoi(e) == 32 ? 32 : 64;
+    g_flash_bn = e && atoi(e) == 64 ? 64 : 32;
   }
   return g_flash_bn;
 }

@@ -8,16 +8,20 @@
 #ifndef GLM53_GPU_GK_MLA_FLASH_CUH
 #define GLM53_GPU_GK_MLA_FLASH_CUH
 
-#define MF_BM 64 /* tokens per block: 4 warps x 16 rows */
+#define MF_BM 64 /* tokens per block: 4 row groups of 16 */
 
-/* BN keys per tile (32 or 64): 64 halves the barriers and softmax rescales
- * per key; 32 leaves room for two blocks per SM at the model's widths */
+/* BN keys per tile (32 or 64): 32, the default, leaves room (shared
+ * memory, <= 128 registers) for two blocks per SM at the model's widths;
+ * 64 halves the barriers and rescales per key but fits one */
 template <int NOPE, int VD, int BN> struct mf_cfg {
   static constexpr int LQ = NOPE + 8;     /* shared row strides in bf16: q */
   static constexpr int LK = 2 * NOPE + 8; /* K hi | lo */
   static constexpr int LV = 2 * VD + 8;   /* V hi | lo */
-  static constexpr size_t smem = (size_t)(MF_BM * LQ + BN * LK + BN * LV) * 2;
+  static constexpr int LP = BN + 8;       /* probabilities, hi and lo planes */
+  static constexpr size_t smem =
+      (size_t)(MF_BM * LQ + BN * LK + BN * LV + 2 * MF_BM * LP) * 2 + (size_t)2 * MF_BM * sizeof(float);
 };
+#define MF_THREADS 256 /* 8 warps: 4 row groups x 2 halves (keys for the scores, output columns for P.V) */
 
 /* 16 bytes global -> shared, zero-filled when !ok (g must still be a valid address) */
 __device__ __forceinline__ void mf_cp16(void *sm, const void *g, bool ok) {
@@ -97,25 +101,33 @@ __global__ void mf_selmap_k(const int *dense, const int *npools, const int *pool
 
 /* out[t][h][VD] for the tokens of the call (positions *dpos + t); Q16
  * [T][H][NOPE] bf16; KV3 rows [n][h][K hi, K lo, V hi, V lo] (lrows of
- * them); sl2 = softmax scale x log2(e) */
+ * them); sl2 = softmax scale x log2(e). Warp w takes rows 16 (w % 4) ..
+ * +16 and half w / 4: the scores of that half of each key tile, then the
+ * output columns of that half over the whole tile. The two warps of a row
+ * group exchange their row maxima through shared memory (both then hold
+ * the same running maximum, computed in the same order) and write their
+ * probabilities (bf16 hi and lo planes) for each other; each keeps the
+ * sum of its own probabilities, added to the other's at the end. */
 template <int NOPE, int VD, int BN>
-__global__ void __launch_bounds__(128, 1)
+__global__ void __launch_bounds__(MF_THREADS, BN == 32 ? 2 : 1)
     mla_flash_k(const uint16_t *Q16, const uint16_t *KV3, const int *dense, const int *tail, const uint32_t *map, int nw,
                 const int *dpos, int T, int H, int pshift, int lrows, float sl2, float *out) {
   GK_PDL_BEGIN();
   using C = mf_cfg<NOPE, VD, BN>;
+  constexpr int HB = BN / 2, HV = VD / 2; /* a warp's keys of the scores, columns of the output */
   GK_DYN_SMEM(uint16_t, mf_sm);
-  uint16_t *Qs = mf_sm, *Ks = Qs + MF_BM * C::LQ, *Vs = Ks + BN * C::LK;
+  uint16_t *Qs = mf_sm, *Ks = Qs + MF_BM * C::LQ, *Vs = Ks + BN * C::LK, *Ph = Vs + BN * C::LV, *Pl = Ph + MF_BM * C::LP;
+  float *red = (float *)(Pl + MF_BM * C::LP); /* [2 halves][64 rows]: row maxima, at the end the sums */
   const int ntile = (T + MF_BM - 1) / MF_BM, tA = (ntile - 1 - (int)blockIdx.x) * MF_BM, h = blockIdx.y;
-  const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int tid = threadIdx.x, w = tid >> 5, rg = w & 3, hf = w >> 2, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int pos0 = *dpos, ldh = 2 * (NOPE + VD);
   const int nkt = (pos0 + min(tA + MF_BM, T) - 1) / BN + 1;
-  /* this lane's two rows (g, g + 8 of the warp's 16): position, selection */
+  /* this lane's two rows (g, g + 8 of the group's 16): position, selection */
   int rpos[2], rden[2], rtail[2];
   const uint32_t *rmap[2];
 #pragma unroll
   for (int e = 0; e < 2; e++) {
-    const int t = tA + w * 16 + g + 8 * e, ok = t < T;
+    const int t = tA + rg * 16 + g + 8 * e, ok = t < T;
     rpos[e] = ok ? pos0 + t : -1; /* rows past T: every key masked, nothing written */
     rden[e] = ok ? dense[t] : 1;
     rtail[e] = ok ? tail[t] : 0;
@@ -123,7 +135,7 @@ __global__ void __launch_bounds__(128, 1)
   }
   auto load_q = [&]() {
     constexpr int CH = NOPE / 8;
-    for (int i = tid; i < MF_BM * CH; i += 128) {
+    for (int i = tid; i < MF_BM * CH; i += MF_THREADS) {
       const int r = i / CH, c = i % CH, t = tA + r;
       mf_cp16(Qs + r * C::LQ + c * 8, Q16 + ((size_t)(t < T ? t : 0) * H + h) * NOPE + c * 8, t < T);
     }
@@ -131,48 +143,50 @@ __global__ void __launch_bounds__(128, 1)
   auto load_kv = [&](int j, int v) { /* v: the V half of the rows, else K */
     const int CH = (v ? 2 * VD : 2 * NOPE) / 8, L = v ? C::LV : C::LK;
     uint16_t *dst = v ? Vs : Ks;
-    for (int i = tid; i < BN * CH; i += 128) {
+    for (int i = tid; i < BN * CH; i += MF_THREADS) {
       const int r = i / CH, c = i % CH, n = j * BN + r;
       mf_cp16(dst + r * L + c * 8, KV3 + ((size_t)(n < lrows ? n : 0) * H + h) * ldh + (v ? 2 * NOPE : 0) + c * 8,
               n < lrows);
     }
   };
-  float o[VD / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  float o[HV / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 #pragma unroll
-  for (int i = 0; i < VD / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  for (int i = 0; i < HV / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  const int r0 = rg * 16 + g; /* the lane's first row in the block (the second: + 8) */
   load_q();
   load_kv(0, 0);
   mf_commit();
   for (int j = 0; j < nkt; j++) {
     mf_wait_all();
-    __syncthreads(); /* K tile j (and q) in; every warp done with V tile j - 1 */
+    __syncthreads(); /* K tile j (and q) in; every warp done with V tile j - 1, the probabilities and maxima */
     load_kv(j, 1);
     mf_commit();
-    float s[BN / 8][4];
+    float s[HB / 8][4];
 #pragma unroll
-    for (int i = 0; i < BN / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+    for (int i = 0; i < HB / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
 #pragma unroll 2
     for (int kk = 0; kk < NOPE / 16; kk++) {
       uint32_t a[4];
-      mf_ldm4(a, Qs + (w * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * C::LQ + kk * 16 + (lane >> 4) * 8);
+      mf_ldm4(a, Qs + (rg * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * C::LQ + kk * 16 + (lane >> 4) * 8);
 #pragma unroll
       for (int pl = 0; pl < 2; pl++)
 #pragma unroll
-        for (int jn = 0; jn < BN / 16; jn++) {
+        for (int jn = 0; jn < HB / 16; jn++) {
           uint32_t b[4];
-          mf_ldm4(b, Ks + (jn * 16 + (lane >> 4) * 8 + (lane & 7)) * C::LK + pl * NOPE + kk * 16 + ((lane >> 3) & 1) * 8);
+          mf_ldm4(b, Ks + (hf * HB + jn * 16 + (lane >> 4) * 8 + (lane & 7)) * C::LK + pl * NOPE + kk * 16 +
+                         ((lane >> 3) & 1) * 8);
           mf_mma(s[2 * jn], a, b[0], b[1]);
           mf_mma(s[2 * jn + 1], a, b[2], b[3]);
         }
     }
-    /* mask, online softmax (base 2), rescale the output rows */
-    const int kb = j * BN;
+    /* mask, this half's row maxima to the partner */
+    const int kb = j * BN + hf * HB;
 #pragma unroll
     for (int e = 0; e < 2; e++) {
-      const bool all = rden[e] || kb >= rtail[e]; /* no pool lookups in this tile */
+      const bool all = rden[e] || j * BN >= rtail[e]; /* no pool lookups in this tile */
       float tmax = -INFINITY;
 #pragma unroll
-      for (int jn = 0; jn < BN / 8; jn++)
+      for (int jn = 0; jn < HB / 8; jn++)
 #pragma unroll
         for (int c = 0; c < 2; c++) {
           const int n = kb + jn * 8 + 2 * t4 + c, p = n >> pshift;
@@ -183,41 +197,51 @@ __global__ void __launch_bounds__(128, 1)
         }
       tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
       tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
-      const float mn = fmaxf(m[e], tmax), mu = mn == -INFINITY ? 0.f : mn;
+      if (t4 == 0) red[hf * MF_BM + r0 + 8 * e] = tmax;
+    }
+    __syncthreads(); /* both halves' maxima */
+    /* online softmax (base 2): the same running maximum in both warps of
+     * the group; probabilities split hi + lo into shared memory */
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+      const int r = r0 + 8 * e;
+      const float mn = fmaxf(fmaxf(m[e], red[r]), red[MF_BM + r]), mu = mn == -INFINITY ? 0.f : mn;
       const float alpha = exp2f(m[e] - mu);
       float sum = 0.f;
 #pragma unroll
-      for (int jn = 0; jn < BN / 8; jn++)
-#pragma unroll
-        for (int c = 0; c < 2; c++) {
-          const float p = exp2f(s[jn][2 * e + c] - mu);
-          s[jn][2 * e + c] = p;
-          sum += p;
-        }
+      for (int jn = 0; jn < HB / 8; jn++) {
+        const float p0 = exp2f(s[jn][2 * e] - mu), p1 = exp2f(s[jn][2 * e + 1] - mu);
+        sum += p0;
+        sum += p1;
+        uint32_t hi, lo;
+        mf_split(p0, p1, &hi, &lo);
+        const int col = hf * HB + jn * 8 + 2 * t4;
+        *(uint32_t *)(Ph + r * C::LP + col) = hi;
+        *(uint32_t *)(Pl + r * C::LP + col) = lo;
+      }
       l[e] = l[e] * alpha + sum;
       m[e] = mn;
 #pragma unroll
-      for (int i = 0; i < VD / 8; i++) {
+      for (int i = 0; i < HV / 8; i++) {
         o[i][2 * e] *= alpha;
         o[i][2 * e + 1] *= alpha;
       }
     }
     mf_wait_all();
-    __syncthreads(); /* V tile j in; every warp done with K tile j */
+    __syncthreads(); /* V tile j and both halves' probabilities in; every warp done with K tile j */
     if (j + 1 < nkt) {
       load_kv(j + 1, 0);
       mf_commit();
     }
 #pragma unroll
     for (int kk = 0; kk < BN / 16; kk++) {
-      uint32_t ph[4], plo[4]; /* the accumulator layout of two key tiles is the A layout of 16 keys */
-      mf_split(s[2 * kk][0], s[2 * kk][1], &ph[0], &plo[0]);
-      mf_split(s[2 * kk][2], s[2 * kk][3], &ph[1], &plo[1]);
-      mf_split(s[2 * kk + 1][0], s[2 * kk + 1][1], &ph[2], &plo[2]);
-      mf_split(s[2 * kk + 1][2], s[2 * kk + 1][3], &ph[3], &plo[3]);
-      const uint16_t *vr = Vs + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * C::LV + (lane >> 4) * 8;
+      uint32_t ph[4], plo[4];
+      const int prow = (rg * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * C::LP + kk * 16 + (lane >> 4) * 8;
+      mf_ldm4(ph, Ph + prow);
+      mf_ldm4(plo, Pl + prow);
+      const uint16_t *vr = Vs + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * C::LV + hf * HV + (lane >> 4) * 8;
 #pragma unroll
-      for (int jd = 0; jd < VD / 16; jd++) {
+      for (int jd = 0; jd < HV / 16; jd++) {
         uint32_t b[4];
         mf_ldm4t(b, vr + jd * 16); /* V hi: keys x 16 columns */
         mf_mma(o[2 * jd], ph, b[0], b[1]);
@@ -230,17 +254,25 @@ __global__ void __launch_bounds__(128, 1)
       }
     }
   }
+  /* the row sums: this warp's over the quad, then the partner's */
 #pragma unroll
   for (int e = 0; e < 2; e++) {
     float z = l[e];
     z += __shfl_xor_sync(0xffffffffu, z, 1);
     z += __shfl_xor_sync(0xffffffffu, z, 2);
-    const float inv = z > 0 ? 1.0f / z : 0.f;
-    const int t = tA + w * 16 + g + 8 * e;
-    if (t >= T) continue;
-    float *dst = out + ((size_t)t * H + h) * VD + 2 * t4;
+    l[e] = z;
+  }
+  __syncthreads(); /* every warp done reading the maxima */
+  if (t4 == 0) red[hf * MF_BM + r0] = l[0], red[hf * MF_BM + r0 + 8] = l[1];
+  __syncthreads();
 #pragma unroll
-    for (int i = 0; i < VD / 8; i++) *(float2 *)(dst + i * 8) = make_float2(o[i][2 * e] * inv, o[i][2 * e + 1] * inv);
+  for (int e = 0; e < 2; e++) {
+    const int r = r0 + 8 * e, t = tA + r;
+    const float z = red[r] + red[MF_BM + r], inv = z > 0 ? 1.0f / z : 0.f;
+    if (t >= T) continue;
+    float *dst = out + ((size_t)t * H + h) * VD + hf * HV + 2 * t4;
+#pragma unroll
+    for (int i = 0; i < HV / 8; i++) *(float2 *)(dst + i * 8) = make_float2(o[i][2 * e] * inv, o[i][2 * e + 1] * inv);
   }
 }
 
