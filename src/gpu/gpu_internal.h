@@ -20,6 +20,9 @@ int gpu_build_mla_heads(const wmat *w, const gpu_mat *dkvb, int H, int nope, int
 /* name of the startup check of gk_mla_attn_gemm (optional: a failure turns
  * the GEMM form off, the per-head kernel remains) */
 #define GPU_CHECK_MLA_GEMM "mla attention, GEMM form (prefix+gather)"
+/* ... and of gk_mla_mha_gemm, the per-head form with its fused kernel
+ * (optional: a failure turns the per-head form off, the absorbed one remains) */
+#define GPU_CHECK_MLA_MHA "mla attention, per-head form (fused kernel)"
 /* flash-decoding split of the MLA attention for a launch whose longest
  * segment (one sequence's run of tokens) has T tokens, over sequences of at
  * most max_ctx tokens: the smallest part (0 = no split: T >= gk_gemm_min())

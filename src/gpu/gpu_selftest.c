@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct { uint64_t s; } srng;
 static uint64_t sr_u64(srng *r) {
@@ -461,6 +462,75 @@ static void check_attn_gemm(srng *r, gpu_check *out, int max, int *k) {
   free(qt); free(lat); free(ref); free(got);
 }
 
+/* fp32 -> the nearest bf16 (ties to even), as a float */
+static float round_bf16f(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return f;
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* the per-head (MHA) form of long chunks (gk_mla_mha_gemm: keys and values
+ * up-projected through kv_b, the fused attention kernel where the build
+ * has it) at the widths its kernel is compiled for in tests (nope 64, vd
+ * 32): dense tokens, then K pools + tail; float64 loop of the absorbed
+ * math with q rounded to bf16 (as the form rounds it). Optional: a failure
+ * turns the form off (the absorbed GEMM form remains). No check when the
+ * form does not apply (no BLAS, another MLA arithmetic). */
+static void check_attn_mha(srng *r, gpu_check *out, int max, int *k) {
+  enum { H = 2, nope = 64, vd = 32, kl = 64, P = 4, K = 3, pos0 = 5, T = 40, ctx = pos0 + T };
+  wmat kvb;
+  make_mat(r, &kvb, WMAT_BF16, H * (nope + vd), kl);
+  float *q = rvec(r, (size_t)T * H * nope, -1, 1), *lat = rvec(r, (size_t)ctx * kl, -1, 1);
+  int dense[T], np[T], tail[T], pools[T * K];
+  for (int t = 0; t < T; t++) {
+    const int pos = pos0 + t, n = (pos + 1) / P;
+    dense[t] = n <= K;
+    np[t] = n <= K ? n : K;
+    tail[t] = n * P;
+    static const int mo[K] = {0, 3, 1}; /* distinct pools for n > K, in no particular order */
+    for (int i = 0; i < K; i++) pools[t * K + i] = n <= K ? i : (t + mo[i]) % n;
+  }
+  float *ref = xmalloc((size_t)T * H * vd * 4), *got = xmalloc((size_t)T * H * vd * 4), *row = xmalloc(kl * 4);
+  const double scale = 1.0 / sqrt((double)nope);
+  for (int t = 0; t < T; t++)
+    for (int h = 0; h < H; h++) {
+      double qt[kl], ob[kl];
+      for (int j = 0; j < kl; j++) qt[j] = 0;
+      for (int i = 0; i < nope; i++) {
+        wmat_get_row(&kvb, h * (nope + vd) + i, row);
+        for (int j = 0; j < kl; j++) qt[j] += (double)row[j] * round_bf16f(q[(t * H + h) * nope + i]);
+      }
+      ref_attn_core(qt, lat, kl, pos0 + t, dense[t], np[t], pools + t * K, P, tail[t], scale, ob);
+      for (int i = 0; i < vd; i++) {
+        wmat_get_row(&kvb, h * (nope + vd) + nope + i, row);
+        double a = 0;
+        for (int j = 0; j < kl; j++) a += (double)row[j] * ob[j];
+        ref[(t * H + h) * vd + i] = (float)a;
+      }
+    }
+  dpool d = {0};
+  gpu_mat g = dev_mat(&d, &kvb);
+  float *dq = dput(&d, q, (size_t)T * H * nope * 4), *dl = dput(&d, lat, (size_t)ctx * kl * 4);
+  float *dO = dput(&d, NULL, (size_t)T * H * vd * 4);
+  int *dd = dput(&d, dense, sizeof dense), *dn = dput(&d, np, sizeof np), *dt = dput(&d, tail, sizeof tail);
+  int *dp = dput(&d, pools, sizeof pools);
+  const int p0 = pos0;
+  int *dp0 = dput(&d, &p0, 4);
+  int rc = d.bad ? -1 : gk_mla_mha_gemm(dq, dl, &g, dd, dn, dt, dp, T, dp0, pos0, H, nope, vd, kl, P, K, (float)scale, dO);
+  if (rc != 1) { /* 1: the form does not apply here */
+    double e = INFINITY;
+    if (!rc && !gk_d2h(got, dO, (size_t)T * H * vd * 4)) e = relerr(got, ref, (size_t)T * H * vd);
+    add(out, max, k, GPU_CHECK_MLA_MHA, e, gk_mla_math_tol(GK_MLA_BF16X3));
+    if (*k <= max) out[*k - 1].optional = 1;
+  }
+  dfree(&d);
+  wmat_free(&kvb);
+  free(q); free(lat); free(ref); free(got); free(row);
+}
+
 static void check_route(srng *r, gpu_check *out, int max, int *k) {
   glm53_config c = {0};
   c.n_routed_experts = 64; c.num_experts_per_tok = 6; c.n_group = 4; c.topk_group = 2; c.norm_topk_prob = 1;
@@ -499,6 +569,7 @@ int glm53_gpu_selftest(uint64_t seed, gpu_check *out, int max) {
   check_indexer(&r, out, max, &n);
   check_attn(&r, out, max, &n);
   check_attn_gemm(&r, out, max, &n);
+  check_attn_mha(&r, out, max, &n);
   check_route(&r, out, max, &n);
   if (gk_sync()) return -1;
   return n < max ? n : max;
