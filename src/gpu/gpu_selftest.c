@@ -359,6 +359,34 @@ static void ref_attn_core(const double *qt, const float *lat, int kl, int pos, i
   for (int j = 0; j < kl; j++) ob[j] /= z;
 }
 
+/* ref[t][h][vd]: the absorbed MLA attention of T queries at positions
+ * pos0 + t in float64 from kv_b (W_UK rows, then W_UV rows per head), q
+ * (rounded to bf16 first with q_bf16, as the per-head form rounds it) and
+ * the latent rows; kl <= 96 */
+static void ref_absorbed(const wmat *kvb, const float *q, int q_bf16, const float *lat, int T, int H, int nope, int vd,
+                         int kl, int pos0, const int *dense, const int *np, const int *pools, int K, int P,
+                         const int *tail, double scale, float *ref) {
+  float *row = xmalloc(kl * 4);
+  for (int t = 0; t < T; t++)
+    for (int h = 0; h < H; h++) {
+      double qt[96], ob[96];
+      for (int j = 0; j < kl; j++) qt[j] = 0;
+      for (int i = 0; i < nope; i++) {
+        const float qi = q[(t * H + h) * nope + i];
+        wmat_get_row(kvb, h * (nope + vd) + i, row);
+        for (int j = 0; j < kl; j++) qt[j] += (double)row[j] * (q_bf16 ? round_bf16(qi) : qi);
+      }
+      ref_attn_core(qt, lat, kl, pos0 + t, dense[t], np[t], pools + t * K, P, tail[t], scale, ob);
+      for (int i = 0; i < vd; i++) {
+        wmat_get_row(kvb, h * (nope + vd) + nope + i, row);
+        double a = 0;
+        for (int j = 0; j < kl; j++) a += (double)row[j] * ob[j];
+        ref[(t * H + h) * vd + i] = (float)a;
+      }
+    }
+  free(row);
+}
+
 /* absorbed attention over a sparse selection (pools + tail), float64 loop */
 static void check_attn(srng *r, gpu_check *out, int max, int *k) {
   const int H = 3, nope = 24, vd = 20, kl = 96, P = 4, K = 3, pos0 = 29, T = 2, ctx = pos0 + T;
@@ -366,24 +394,9 @@ static void check_attn(srng *r, gpu_check *out, int max, int *k) {
   make_mat(r, &kvb, WMAT_BF16, H * (nope + vd), kl);
   float *q = rvec(r, (size_t)T * H * nope, -1, 1), *lat = rvec(r, (size_t)ctx * kl, -1, 1);
   int dense[2] = {0, 1}, np[2] = {K, 0}, tail[2] = {28, 0}, pools[6] = {5, 0, 3, 0, 0, 0};
-  float *ref = xmalloc((size_t)T * H * vd * 4), *got = xmalloc((size_t)T * H * vd * 4), *row = xmalloc(kl * 4);
+  float *ref = xmalloc((size_t)T * H * vd * 4), *got = xmalloc((size_t)T * H * vd * 4);
   const double scale = 1.0 / sqrt((double)nope);
-  for (int t = 0; t < T; t++)
-    for (int h = 0; h < H; h++) {
-      double qt[96], ob[96];
-      for (int j = 0; j < kl; j++) qt[j] = 0;
-      for (int i = 0; i < nope; i++) {
-        wmat_get_row(&kvb, h * (nope + vd) + i, row);
-        for (int j = 0; j < kl; j++) qt[j] += (double)row[j] * q[(t * H + h) * nope + i];
-      }
-      ref_attn_core(qt, lat, kl, pos0 + t, dense[t], np[t], pools + t * K, P, tail[t], scale, ob);
-      for (int i = 0; i < vd; i++) {
-        wmat_get_row(&kvb, h * (nope + vd) + nope + i, row);
-        double a = 0;
-        for (int j = 0; j < kl; j++) a += (double)row[j] * ob[j];
-        ref[(t * H + h) * vd + i] = (float)a;
-      }
-    }
+  ref_absorbed(&kvb, q, 0, lat, T, H, nope, vd, kl, pos0, dense, np, pools, K, P, tail, scale, ref);
   dpool d = {0};
   gpu_mat g = dev_mat(&d, &kvb);
   gpu_mla_heads hs;
@@ -416,7 +429,7 @@ static void check_attn(srng *r, gpu_check *out, int max, int *k) {
   add(out, max, k, "mla attention, 3 longer parts + merge", e[2], 1e-5);
   dfree(&d);
   wmat_free(&kvb);
-  free(q); free(lat); free(ref); free(got); free(row);
+  free(q); free(lat); free(ref); free(got);
 }
 
 /* the GEMM form of the attention (gk_mla_attn_gemm) on a chunk whose first
@@ -462,16 +475,6 @@ static void check_attn_gemm(srng *r, gpu_check *out, int max, int *k) {
   free(qt); free(lat); free(ref); free(got);
 }
 
-/* fp32 -> the nearest bf16 (ties to even), as a float */
-static float round_bf16f(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return f;
-  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
 /* the per-head (MHA) form of long chunks (gk_mla_mha_gemm: keys and values
  * up-projected through kv_b, the fused attention kernel where the build
  * has it) at the widths its kernel is compiled for in tests (nope 64, vd
@@ -493,24 +496,9 @@ static void check_attn_mha(srng *r, gpu_check *out, int max, int *k) {
     static const int mo[K] = {0, 3, 1}; /* distinct pools for n > K, in no particular order */
     for (int i = 0; i < K; i++) pools[t * K + i] = n <= K ? i : (t + mo[i]) % n;
   }
-  float *ref = xmalloc((size_t)T * H * vd * 4), *got = xmalloc((size_t)T * H * vd * 4), *row = xmalloc(kl * 4);
+  float *ref = xmalloc((size_t)T * H * vd * 4), *got = xmalloc((size_t)T * H * vd * 4);
   const double scale = 1.0 / sqrt((double)nope);
-  for (int t = 0; t < T; t++)
-    for (int h = 0; h < H; h++) {
-      double qt[kl], ob[kl];
-      for (int j = 0; j < kl; j++) qt[j] = 0;
-      for (int i = 0; i < nope; i++) {
-        wmat_get_row(&kvb, h * (nope + vd) + i, row);
-        for (int j = 0; j < kl; j++) qt[j] += (double)row[j] * round_bf16f(q[(t * H + h) * nope + i]);
-      }
-      ref_attn_core(qt, lat, kl, pos0 + t, dense[t], np[t], pools + t * K, P, tail[t], scale, ob);
-      for (int i = 0; i < vd; i++) {
-        wmat_get_row(&kvb, h * (nope + vd) + nope + i, row);
-        double a = 0;
-        for (int j = 0; j < kl; j++) a += (double)row[j] * ob[j];
-        ref[(t * H + h) * vd + i] = (float)a;
-      }
-    }
+  ref_absorbed(&kvb, q, 1, lat, T, H, nope, vd, kl, pos0, dense, np, pools, K, P, tail, scale, ref);
   dpool d = {0};
   gpu_mat g = dev_mat(&d, &kvb);
   float *dq = dput(&d, q, (size_t)T * H * nope * 4), *dl = dput(&d, lat, (size_t)ctx * kl * 4);
@@ -528,7 +516,7 @@ static void check_attn_mha(srng *r, gpu_check *out, int max, int *k) {
   }
   dfree(&d);
   wmat_free(&kvb);
-  free(q); free(lat); free(ref); free(got); free(row);
+  free(q); free(lat); free(ref); free(got);
 }
 
 static void check_route(srng *r, gpu_check *out, int max, int *k) {
