@@ -296,16 +296,22 @@ int main(int argc, char **argv) {
   gk_set_mla_math(-1);
   /* prefill A/B: the per-head form's batched GEMMs instead of its fused
    * kernel, the absorbed bf16x3 form, the mHC projection's SIMT kernel
-   * instead of its tensor-core form; median of 3 each */
-  static const char *const vname[4][2] = {{"MLA per-head form in batched GEMMs", "GLM53_GPU_MLA_FLASH=0"},
+   * instead of its tensor-core form, the mHC post fused with the next
+   * projection, the MoE gather from fp32 rows; median of 3 each */
+  static const char *const vname[6][2] = {{"MLA per-head form in batched GEMMs", "GLM53_GPU_MLA_FLASH=0"},
                                           {"MLA absorbed GEMM form", "GLM53_GPU_MLA_MHA=0"},
                                           {"mHC projection SIMT kernel", "GLM53_GPU_MHC_TC=0"},
-                                          {"MLA fused kernel, 64 keys per tile", "GLM53_GPU_MLA_FLASH_BN=64"}};
-  for (int v = 0; v < 4; v++) {
+                                          {"MLA fused kernel, 64 keys per tile", "GLM53_GPU_MLA_FLASH_BN=64"},
+                                          {"mHC post fused with the next projection", "GLM53_GPU_MHC_FUSE=1"},
+                                          {"MoE gather from fp32 rows", "GLM53_GPU_MOE_X16=0"}};
+  for (int v = 0; v < 6; v++) {
+    if (quick && v < 3) continue;
     if (v == 0) gk_set_mla_flash(0);
     if (v == 1) gk_set_mla_mha(0);
     if (v == 2) gk_set_mhc_tc(0);
     if (v == 3) gk_set_mla_flash_bn(64);
+    if (v == 4) gk_set_mhc_fuse(1);
+    if (v == 5) gk_set_moe_x16(0);
     for (int i = 0; i < 3; i++) {
       glm53_session_reset(s);
       pr[i] = run(s, tok, NP, logits);
@@ -317,6 +323,8 @@ int main(int argc, char **argv) {
     gk_set_mla_mha(-1);
     gk_set_mhc_tc(-1);
     gk_set_mla_flash_bn(-1);
+    gk_set_mhc_fuse(-1);
+    gk_set_moe_x16(-1);
   }
   if (quick) {
     free(base);

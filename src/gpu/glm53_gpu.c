@@ -954,7 +954,7 @@ static int moe_dev(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
   if (G->efmt != WMAT_F32 && gk_have_blas()) { /* prefill: pairs sorted by expert on the device, bf16 GEMMs */
     int hoff[513]; /* E <= 512 (check_dims) */
     int rc = gk_moe_sort(A->idx, np, E, A->prow, A->eoff) || gk_d2h(hoff, A->eoff, ((size_t)E + 1) * sizeof(int)) ||
-             gk_moe_experts_gemm(G->h_exp, E, hoff, A->eoff, A->prow, A->idx, k, A->y, D, D, I, lim, A->pg, A->pu, A->eo,
+             gk_moe_experts_gemm(G->h_exp, E, hoff, A->eoff, A->prow, A->idx, k, A->y, D, T, D, I, lim, A->pg, A->pu, A->eo,
                                  A->trow);
     A->erow = A->trow;
     return rc ? -1 : 0;
@@ -994,14 +994,30 @@ static int mhc_proj_on(void) {
   if (on < 0) on = !(getenv("GLM53_GPU_MHC_PROJ") && !strcmp(getenv("GLM53_GPU_MHC_PROJ"), "0"));
   return on;
 }
-static int site(const glm53_config *c, const ghc *hw, const float *norm_w, acts *A, int T) {
+/* projected: mixraw and ssq already hold this site's projection (a fused
+ * post, post_then_proj) */
+static int site(const glm53_config *c, const ghc *hw, const float *norm_w, acts *A, int T, int projected) {
   const int D = c->hidden_size, hc = c->hc_mult, mix = (2 + hc) * hc;
   /* long chunks: the projection and the sum of squares in one pass over X */
-  int rc = 1;
-  if (T >= MHC_PROJ_MIN && mhc_proj_on()) TRY((rc = gk_mhc_proj(&hw->fn, A->X, T, hc, D, A->mixraw, A->ssq)) < 0);
+  int rc = !projected;
+  if (rc && T >= MHC_PROJ_MIN && mhc_proj_on()) TRY((rc = gk_mhc_proj(&hw->fn, A->X, T, hc, D, A->mixraw, A->ssq)) < 0);
   if (rc) TRY(gk_matmul(&hw->fn, A->X, T, hc * D, A->mixraw, mix));
   return gk_mhc_pre(A->X, A->mixraw, rc ? NULL : A->ssq, hw->base, hw->scale, norm_w, T, hc, D, c->hc_sinkhorn_iters, c->hc_eps,
                     c->rms_norm_eps, A->post, A->comb, A->y);
+}
+/* The post of a sublayer (eo: after a MoE), fused with the projection of
+ * the next site (next: its weights, NULL for none) for long chunks: 1 when
+ * mixraw / ssq now hold that projection, 0 when the post ran alone, -1. */
+static int post_then_proj(const glm53_config *c, const ghc *next, acts *A, int T, int moe) {
+  const int D = c->hidden_size, hc = c->hc_mult, k = c->num_experts_per_tok;
+  int rc = 1;
+  if (next && T >= MHC_PROJ_MIN && mhc_proj_on())
+    TRY((rc = gk_mhc_post_proj(A->X, A->a, moe ? A->eo : NULL, A->erow, A->idx, A->wt, k, A->post, A->comb, T, hc, D,
+                               &next->fn, A->mixraw, A->ssq)) < 0);
+  if (!rc) return 1;
+  if (moe) TRY(gk_mhc_post_moe(A->X, A->a, A->eo, A->erow, A->idx, A->wt, k, A->post, A->comb, T, hc, D));
+  else TRY(gk_mhc_post(A->X, A->a, A->post, A->comb, T, hc, D));
+  return 0;
 }
 
 /* One forward: T tokens in nseg segments (gk.h gk_batch), logits for the
@@ -1026,24 +1042,25 @@ static int record(const fwd *f) {
   const int D = c->hidden_size, hc = c->hc_mult, T = f->T;
   TRY(gk_embed(&g->embed, A->tok, T, hc, A->X));
   pr_mark(PR_EMBED);
+  int projected = 0; /* the next site's projection done by the previous post */
   for (int l = 0; l < c->num_hidden_layers; l++) {
     const glayer *G = &g->layers[l];
+    const int last = l + 1 == c->num_hidden_layers, moe = c->mlp_layer_types[l] != MLP_DENSE;
     gk_batch b = f->b;
     b.layer = l;
-    TRY(site(c, &G->hc[0], G->in_norm, A, T));
+    TRY(site(c, &G->hc[0], G->in_norm, A, T, projected));
     pr_mark(PR_MHC);
     if (c->layer_types[l] == ATTN_KDA) TRY(kda_dev(c, &G->kda, &b, A, T));
     else TRY(mla_dev(c, &G->mla, &b, A, T, f->maxpool, f->chunk, f->ns, f->hls ? &f->hls[l] : NULL, f->pos0));
     pr_mark(c->layer_types[l] == ATTN_KDA ? PR_KDA : PR_MLA);
-    TRY(gk_mhc_post(A->X, A->a, A->post, A->comb, T, hc, D));
-    TRY(site(c, &G->hc[1], G->post_norm, A, T));
+    TRY((projected = post_then_proj(c, &G->hc[1], A, T, 0)) < 0);
+    TRY(site(c, &G->hc[1], G->post_norm, A, T, projected));
     pr_mark(PR_MHC);
     A->erow = NULL; /* moe_dev sets it for the expert-sorted GEMM form */
-    if (c->mlp_layer_types[l] == MLP_DENSE) TRY(mlp_dev(&G->dense, c->swiglu_limit, A->y, T, D, A->dg, A->du, A->a));
+    if (!moe) TRY(mlp_dev(&G->dense, c->swiglu_limit, A->y, T, D, A->dg, A->du, A->a));
     else TRY(moe_dev(c, g, l, A, T));
-    pr_mark(c->mlp_layer_types[l] == MLP_DENSE ? PR_DENSE : PR_MOE);
-    if (c->mlp_layer_types[l] == MLP_DENSE) TRY(gk_mhc_post(A->X, A->a, A->post, A->comb, T, hc, D));
-    else TRY(gk_mhc_post_moe(A->X, A->a, A->eo, A->erow, A->idx, A->wt, c->num_experts_per_tok, A->post, A->comb, T, hc, D));
+    pr_mark(moe ? PR_MOE : PR_DENSE);
+    TRY((projected = post_then_proj(c, last ? NULL : &g->layers[l + 1].hc[0], A, T, moe)) < 0);
     pr_mark(PR_MHC);
   }
   if (f->nlog > 0) {

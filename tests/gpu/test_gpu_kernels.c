@@ -693,6 +693,42 @@ static void mhc_post_moe_case(int D) {
   CHECK(bits2, "mhc post with the MoE combine through erow differs from combine + post");
   printf("mhc post with the MoE combine fused (D %d): bitwise %s; outputs read through erow: bitwise %s\n", D,
          bits ? "yes" : "NO", bits2 ? "yes" : "NO");
+  /* the post fused with the next projection (tensor cores): X bitwise as
+   * the post alone (MoE through erow, and the plain post of the combined
+   * a1), mixraw / ssq within 2e-5 of gk_mhc_proj's (both 3xTF32 with
+   * another column grouping; the tensor cores' fp32 accumulation is not
+   * IEEE round-to-nearest: on an H100 the two differed by up to 4.2e-6,
+   * against ~6e-7 each from float64 in the emulator) */
+  const int n = hc * D, mix = 24;
+  float *hfn = NULL, *dfn = dvec((size_t)mix * n, -0.02f, 0.02f, &hfn);
+  const gpu_mat fn = {.fmt = WMAT_F32, .rows = mix, .cols = n, .d = dfn};
+  float *m1 = gk_malloc((size_t)T * mix * 4), *m2 = gk_malloc((size_t)T * mix * 4), *s1 = gk_malloc((size_t)T * 4),
+        *s2 = gk_malloc((size_t)T * 4);
+  gk_set_mhc_fuse(1); /* opt-in */
+  for (int moe = 1; moe >= 0; moe--) {
+    float *X4 = dcopy(hX, (size_t)T * hc * D * 4), *a4 = gk_malloc((size_t)T * D * 4);
+    gk_d2d(a4, moe ? a2 : a1, (size_t)T * D * 4); /* a2: the shared expert's output before the combine (unchanged by it) */
+    const int rf_ = gk_mhc_post_proj(X4, a4, moe ? eo2 : NULL, derow, didx, wt, K, post, comb, T, hc, D, &fn, m2, s2);
+    if (rf_ == 1) {
+      CHECK(D % 4 || !gk_mhc_tc_on(), "mhc post+proj (D %d): not applicable", D);
+      printf("mhc post + proj fused (D %d%s): not applicable (D %% 4 or no tensor-core form)\n", D, moe ? ", moe" : "");
+    } else {
+      const int rp = gk_mhc_proj(&fn, X1, T, hc, D, m1, s1);
+      float hm1[5 * 24], hm2[5 * 24], hs1[5], hs2[5];
+      const int ok = rf_ == 0 && rp == 0 && !gk_d2h(hm1, m1, sizeof hm1) && !gk_d2h(hm2, m2, sizeof hm2) &&
+                     !gk_d2h(hs1, s1, sizeof hs1) && !gk_d2h(hs2, s2, sizeof hs2);
+      const int xb = ok && dsame(X1, X4, (size_t)T * hc * D);
+      const double em = ok ? rows_rel_diff(hm1, hm2, T, mix) : INFINITY, es = ok ? rows_rel_diff(hs1, hs2, 1, T) : INFINITY;
+      CHECK(ok, "mhc post+proj (D %d): %s", D, gk_error());
+      CHECK(xb, "mhc post+proj%s (D %d): X differs from the post alone", moe ? " (moe)" : "", D);
+      CHECK(em <= 2e-5 && es <= 2e-5, "mhc post+proj (D %d): mixraw %.3g ssq %.3g from gk_mhc_proj (tol 2e-5)", D, em, es);
+      printf("mhc post + proj fused (D %d%s): X bitwise %s, mixraw %.3g, ssq %.3g from gk_mhc_proj (tol 2e-5)\n", D,
+             moe ? ", moe through erow" : "", xb ? "yes" : "NO", em, es);
+    }
+    gk_free(X4); gk_free(a4);
+  }
+  gk_set_mhc_fuse(-1);
+  free(hfn); gk_free(dfn); gk_free(m1); gk_free(m2); gk_free(s1); gk_free(s2);
   free(hX); free(heo); free(heo2);
   gk_free(X1); gk_free(X2); gk_free(a1); gk_free(a2); gk_free(eo); gk_free(wt); gk_free(post); gk_free(comb); gk_free(didx);
   gk_free(eo2); gk_free(X3); gk_free(a3); gk_free(derow);
@@ -794,8 +830,19 @@ static void moe_gemm_case(int fmt, int group, int skew, int D) {
   int hoff[E + 1], herow[T * K];
   float *got = xmalloc(PR * D * 4);
   int rc = gk_moe_sort(didx, T * K, E, perm, doff) || gk_d2h(hoff, doff, sizeof hoff) ||
-           gk_moe_experts_gemm(h, E, hoff, doff, perm, didx, K, dx, D, D, I, limit, g, u, eo, erow) ||
+           gk_moe_experts_gemm(h, E, hoff, doff, perm, didx, K, dx, D, T, D, I, limit, g, u, eo, erow) ||
            gk_d2h(got, eo, PR * D * 4) || gk_d2h(herow, erow, sizeof herow);
+  /* the gather from the fp32 rows instead of their bf16 copy: the same bits */
+  float *got2 = xmalloc(PR * D * 4);
+  gk_set_moe_x16(0);
+  const int rc2 = rc || gk_moe_experts_gemm(h, E, hoff, doff, perm, didx, K, dx, D, T, D, I, limit, g, u, eo, erow) ||
+                  gk_d2h(got2, eo, PR * D * 4);
+  gk_set_moe_x16(-1);
+  int same16 = !rc2;
+  for (int q = 0; q < T * K && same16; q++) /* the pairs' rows (padding rows are never read) */
+    if (idx[q] >= 0) same16 = !memcmp(got + (size_t)herow[q] * D, got2 + (size_t)herow[q] * D, (size_t)D * 4);
+  CHECK(same16, "moe gemm D %d: the gather from fp32 rows differs from the bf16 copy's", D);
+  free(got2);
   double err = INFINITY;
   if (!rc) {
     float *ref = xcalloc((size_t)T * K * D, 4), *gotp = xcalloc((size_t)T * K * D, 4);

@@ -182,6 +182,15 @@ int gk_mhc_post(float *X, const float *a, const float *post, const float *comb, 
  * NULL row erow[p] (the slots gk_moe_experts_gemm wrote). */
 int gk_mhc_post_moe(float *X, const float *a, const float *eo, const int *erow, const int *idx, const float *wt, int k,
                     const float *post, const float *comb, int T, int hc, int D);
+/* gk_mhc_post (eo NULL) or gk_mhc_post_moe followed by gk_mhc_proj of the
+ * new X with the next site's fn, in one pass over X (tensor cores, long
+ * chunks; its column grouping differs from gk_mhc_proj's: equal within
+ * fp32, X bitwise the same). Opt-in (GLM53_GPU_MHC_FUSE=1). 1: not
+ * applicable (off, HIP, GLM53_GPU_MHC_TC=0, shapes): the caller runs the
+ * two steps */
+int gk_mhc_post_proj(float *X, const float *a, const float *eo, const int *erow, const int *idx, const float *wt, int k,
+                     const float *post, const float *comb, int T, int hc, int D, const gpu_mat *fn, float *mixraw, float *ssq);
+void gk_set_mhc_fuse(int on); /* 1 on, 0 off, -1: GLM53_GPU_MHC_FUSE */
 /* mean over streams + final rmsnorm for rows [first, T) */
 int gk_final_norm(const float *X, const float *w, int first, int T, int hc, int D, float eps, float *h);
 
@@ -370,15 +379,18 @@ int gk_scatter_rows(float *dst, const float *src, const int *rows, int n, int D)
  * (gk_moe_gemm.cu). gk_moe_sort: stable order of the np pairs of idx by
  * expert, perm[slot] = pair for the routed ones, off[E + 1] the first slot
  * per expert (device). gk_moe_experts_gemm (hoff: off copied to the host):
- * eo[erow[pair]] = down(swiglu(gate, up)) of the pair's token row of x,
- * for every expert matrix format (quantized ones dequantised to bf16 per
+ * eo[erow[pair]] = down(swiglu(gate, up)) of the pair's token row of x
+ * (T rows, ldx apart), for every expert matrix format (quantized ones dequantised to bf16 per
  * expert); rows may be padded per expert, so g, u and eo need
  * gk_moe_gemm_rows(np) rows (fp32, I, I and D wide). Activations rounded
  * to bf16 (as gk_matmul's cuBLAS path). */
 int gk_moe_sort(const int *idx, int np, int E, int *perm, int *off);
 size_t gk_moe_gemm_rows(int npairs);
 int gk_moe_experts_gemm(const gpu_mat *h_exp, int E, const int *hoff, const int *off, const int *perm, const int *idx, int k,
-                        const float *x, int ldx, int D, int I, float limit, float *g, float *u, float *eo, int *erow);
+                        const float *x, int ldx, int T, int D, int I, float limit, float *g, float *u, float *eo, int *erow);
+/* its gather from a bf16 copy of x's T rows (default) or from the fp32 rows
+ * (0; GLM53_GPU_MOE_X16=0): the same bits; -1 the environment */
+void gk_set_moe_x16(int on);
 
 /* ---- CUDA graphs (decode replay) ---- */
 int gk_graphs_supported(void);       /* 0 in the HIP build */

@@ -9,6 +9,7 @@
 #include "gk_mla_attn.cuh" /* mla_attn_k, mla_merge_k, mla_hs_k */
 #include "gk_dsa.cuh"      /* store_at_k, pool_keys_k, idx_scores_k */
 #include "gk_kda_recur.cuh" /* kr_load, kda_recur8_k */
+#include "gk_mhc_post.cuh"  /* mhc_post_add, mhc_post_mix */
 #if !GK_HIP
 #include "gk_mhc_tc.cuh" /* mhc_proj_tc_k, mhc_proj_sum_k */
 #endif
@@ -454,6 +455,48 @@ extern "C" int gk_mhc_proj(const gpu_mat *fn, const float *X, int T, int hc, int
   return GK_LAUNCHED("mhc proj") ? -1 : 0;
 }
 
+/* GLM53_GPU_MHC_FUSE=1: the post and the next projection in one launch
+ * (opt-in: its first version measured 11 ms slower per 4096-token prefill
+ * on an H100 than the two launches; see docs/gpu.md) */
+static int g_mhc_fuse = -1;
+extern "C" void gk_set_mhc_fuse(int on) { g_mhc_fuse = on < 0 ? -1 : !!on; }
+static bool al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+extern "C" int gk_mhc_post_proj(float *X, const float *a, const float *eo, const int *erow, const int *idx, const float *wt,
+                                int k, const float *post, const float *comb, int T, int hc, int D, const gpu_mat *fn,
+                                float *mixraw, float *ssq) {
+#if GK_HIP
+  (void)X, (void)a, (void)eo, (void)erow, (void)idx, (void)wt, (void)k, (void)post, (void)comb, (void)T, (void)hc, (void)D,
+      (void)fn, (void)mixraw, (void)ssq;
+  return 1;
+#else
+  if (g_mhc_fuse < 0) g_mhc_fuse = getenv("GLM53_GPU_MHC_FUSE") && !strcmp(getenv("GLM53_GPU_MHC_FUSE"), "1");
+  if (!g_mhc_fuse || !gk_mhc_tc_on() || T <= 0 || hc != 4 || D % 4 || fn->fmt != GF_F32 || fn->rows != MT_MIX ||
+      fn->cols != hc * D || !al16(X) || !al16(a) || !al16(fn->d) || (eo && (!al16(eo) || k < 1 || k > MT_KMAX)))
+    return 1;
+  static int smem_ok = -1; /* the fn slices' shared memory (over 48 KB): opted in once */
+  if (smem_ok < 0) {
+    const cudaFuncAttribute at = cudaFuncAttributeMaxDynamicSharedMemorySize;
+    smem_ok = cudaFuncSetAttribute((const void *)mhc_post_proj_tc_k<true>, at, (int)MT_FN_SMEM) == cudaSuccess &&
+              cudaFuncSetAttribute((const void *)mhc_post_proj_tc_k<false>, at, (int)MT_FN_SMEM) == cudaSuccess;
+    if (!smem_ok) (void)cudaGetLastError();
+  }
+  if (!smem_ok) return 1;
+  const int S = mt_dsplits(D);
+  float *part = (float *)gk_scratch_grow(&g_mt_part, (size_t)S * T * MT_PART * 4);
+  if (!part) return -1;
+  const dim3 grid((unsigned)((T + 63) / 64), (unsigned)S);
+  if (eo)
+    gk_launch(mhc_post_proj_tc_k<true>, grid, 128, MT_FN_SMEM, X, a, eo, erow, idx, wt, k, post, comb, (const float *)fn->d, T,
+              D, part);
+  else
+    gk_launch(mhc_post_proj_tc_k<false>, grid, 128, MT_FN_SMEM, X, a, (const float *)NULL, (const int *)NULL,
+              (const int *)NULL, (const float *)NULL, 0, post, comb, (const float *)fn->d, T, D, part);
+  if (GK_LAUNCHED("mhc post + proj (tensor cores)")) return -1;
+  gk_launch(mhc_proj_sum_k, gk_blocks((size_t)T * MT_PART, 256), 256, 0, (const float *)part, S, T, mixraw, ssq);
+  return GK_LAUNCHED("mhc proj sums") ? -1 : 0;
+#endif
+}
+
 /* the sublayer output of token t, column d: a, or after a MoE a plus the
  * routed outputs in ascending expert id (moe_combine_k's order); pair p's
  * output is row p of eo, or row erow[p] (the expert-sorted GEMM form) */
@@ -534,8 +577,7 @@ __global__ void mhc_post_k(float *X, const float *a, const float *eo, const int 
       const float w = wt[p];
       float e[V];
       vload<V>(e, eo + (erow ? (size_t)erow[p] : p) * D + d);
-#pragma unroll
-      for (int v = 0; v < V; v++) y[v] += w * e[v];
+      mhc_post_add<V>(y, w, e);
     }
   } else if (MOE) {
 #pragma unroll
@@ -545,22 +587,12 @@ __global__ void mhc_post_k(float *X, const float *a, const float *eo, const int 
 #pragma unroll
   for (int h = 0; h < HM; h++)
     if (h < hc) {
-      const float ph = post[t * hc + h];
       float acc[V];
-#pragma unroll
-      for (int v = 0; v < V; v++) acc[v] = ph * y[v];
-#pragma unroll
-      for (int g = 0; g < HM; g++)
-        if (g < hc) {
-          const float c = cb[g * hc + h];
-#pragma unroll
-          for (int v = 0; v < V; v++) acc[v] += c * old[g][v];
-        }
+      mhc_post_mix<HM, V>(old, y, post[t * hc + h], cb, hc, h, acc);
       vstore<V>(Xt + (size_t)h * D + d, acc);
     }
 }
 /* hc 4 or any; four elements per thread where D and the rows' alignment allow */
-static bool al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 #define MHC_POST_LAUNCH(MOE, V4, ...)                                                                               \
   do {                                                                                                             \
     const bool v4 = (V4) && D % 4 == 0;                                                                            \
@@ -998,6 +1030,23 @@ __global__ void kda_decay_k(float *g, float *bl, const float *dt_bias, const flo
   const int c = (int)(i % ((size_t)H * hd));
   g[i] = expf(kda_gate1(g[i], dt_bias, A_log, c / hd, c, lb));
 }
+/* the same four at a time (hd % 4 == 0, g 16-byte aligned, n < 2^31): 32-bit
+ * index arithmetic once per four (the 64-bit modulo per element made the
+ * scalar form ~2x its memory time); the same expressions, the same bits */
+__global__ void kda_decay4_k(float4 *g, float *bl, const float *dt_bias, const float *A_log, int n4, int nb, int H, int hd,
+                             float lb) {
+  GK_PDL_BEGIN();
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < nb) bl[i] = sigm(bl[i]);
+  if (i >= n4) return;
+  const int c = (i % (H * hd / 4)) * 4, h = c / hd;
+  float4 v = g[i];
+  v.x = expf(kda_gate1(v.x, dt_bias, A_log, h, c, lb));
+  v.y = expf(kda_gate1(v.y, dt_bias, A_log, h, c + 1, lb));
+  v.z = expf(kda_gate1(v.z, dt_bias, A_log, h, c + 2, lb));
+  v.w = expf(kda_gate1(v.w, dt_bias, A_log, h, c + 3, lb));
+  g[i] = v;
+}
 
 /* The recurrence's layout (GLM53_GPU_KDA_LAYOUT, gk_set_kda_layout): g1 /
  * g2 / g4, 8 lanes per column with 1, 2 or 4 columns per lane group
@@ -1149,8 +1198,12 @@ extern "C" int gk_kda_recur_gated(const gk_batch *b, const float *qkv, float *gr
                                   float *o) {
   if (T >= KR_DECAY_MIN) {
     const size_t n = (size_t)T * H * hd;
-    gk_launch(kda_decay_k, gk_blocks(n, 256), 256, 0, graw, beta_logit, dt_bias, A_log, n, (size_t)T * H, H, hd,
-              lower_bound);
+    if (hd % 4 == 0 && (uintptr_t)graw % 16 == 0 && n < ((size_t)1 << 31))
+      gk_launch(kda_decay4_k, gk_blocks(n / 4, 256), 256, 0, (float4 *)graw, beta_logit, dt_bias, A_log, (int)(n / 4), T * H,
+                H, hd, lower_bound);
+    else
+      gk_launch(kda_decay_k, gk_blocks(n, 256), 256, 0, graw, beta_logit, dt_bias, A_log, n, (size_t)T * H, H, hd,
+                lower_bound);
     if (GK_LAUNCHED("kda_decay")) return -1;
     return kr_run<KR_DECAY>(b, qkv, graw, NULL, NULL, 0.f, beta_logit, T, H, hd, o);
   }

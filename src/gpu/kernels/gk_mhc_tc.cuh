@@ -22,7 +22,8 @@
  * Apart from gk_layers.cu so that tests/unit/test_mhc_tc_emu.cpp can run
  * it on the host through tests/emu/cuda_emu.h (GK_EMU: emulated cvt.rna
  * and mma.sync). CUDA only: the HIP build keeps the SIMT kernel. The
- * includer provides __shfl_xor_sync, float4 and GK_PDL_BEGIN. */
+ * includer provides __shfl_xor_sync, float4, GK_PDL_BEGIN and
+ * gk_mhc_post.cuh. */
 #ifndef GLM53_GPU_GK_MHC_TC_CUH
 #define GLM53_GPU_GK_MHC_TC_CUH
 
@@ -118,6 +119,144 @@ __global__ void __launch_bounds__(128, 6) mhc_proj_tc_k(const float *X, const fl
     mt_step(c, ca.z, cbv.z, ca.w, cbv.w, f23);
   }
   /* sums of squares over the quad (lanes 4 g .. 4 g + 3 share rows) */
+#pragma unroll
+  for (int e = 0; e < 2; e++) {
+    ss[e] += __shfl_xor_sync(0xffffffffu, ss[e], 1);
+    ss[e] += __shfl_xor_sync(0xffffffffu, ss[e], 2);
+  }
+  float *pa = part + ((size_t)s * T + ra) * MT_PART, *pb = part + ((size_t)s * T + rb) * MT_PART;
+#pragma unroll
+  for (int j = 0; j < 3; j++) {
+    const int o = 8 * j + 2 * t4;
+    if (oka) pa[o] = c[j][0], pa[o + 1] = c[j][1];
+    if (okb) pb[o] = c[j][2], pb[o + 1] = c[j][3];
+  }
+  if (t4 == 0 && oka) pa[MT_MIX] = ss[0];
+  if (t4 == 0 && okb) pb[MT_MIX] = ss[1];
+}
+
+/* ---- the mHC post fused with the next site's projection ----
+ * At prefill the post (gk_mhc_post / gk_mhc_post_moe) writes the new
+ * streams and the next projection reads them back: the fused kernel
+ * computes the post where the projection loads its operands (the same
+ * per-element arithmetic as mhc_post_k, gk_mhc_post.cuh: the same bits of
+ * X), stores them and feeds them to the 3xTF32 products. Its splits are
+ * MT_DCOLS hidden columns of all four streams (a block reads every old
+ * stream value of its columns once), so its partial sums group the columns
+ * otherwise than mhc_proj_tc_k's: equal within fp32, deterministic, and a
+ * token's sums still do not depend on its chunk (the split count depends on
+ * the width only). hc = 4 (24 outputs), D % 4 == 0, at most MT_KMAX experts
+ * per token. 128 threads: 4 warps of 16 tokens. */
+#define MT_DCOLS 128
+#define MT_KMAX 8
+static inline int mt_dsplits(int D) { return (D + MT_DCOLS - 1) / MT_DCOLS; }
+/* the block's fn columns in shared memory, row stride MT_FS floats (the 16
+ * of padding put a quarter-warp's two rows in different banks) */
+#define MT_FS (4 * MT_DCOLS + 16)
+#define MT_FN_SMEM ((size_t)MT_MIX * MT_FS * sizeof(float))
+
+template <bool MOE>
+__global__ void __launch_bounds__(128, 3) mhc_post_proj_tc_k(float *X, const float *a, const float *eo, const int *erow,
+                                                              const int *idx, const float *wt, int k, const float *post,
+                                                              const float *comb, const float *fn, int T, int D, float *part) {
+  GK_PDL_BEGIN();
+  GK_DYN_SMEM(float, fs); /* [MT_MIX][MT_FS]: fn at columns h D + d0 + i as h MT_DCOLS + i */
+  __shared__ float pc[64][20]; /* per token: post[4], comb[16] (stride 20: a warp's 8 tokens in 8 banks) */
+  __shared__ float mw[MOE ? 64 : 1][MT_KMAX];
+  __shared__ int mr[MOE ? 64 : 1][MT_KMAX], mn[MOE ? 64 : 1];
+  const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3, n = 4 * D;
+  const int tb = blockIdx.x * 64, s = blockIdx.y, d0 = s * MT_DCOLS, d1 = min(D, d0 + MT_DCOLS);
+  for (int e = tid; e < MT_MIX * MT_DCOLS; e += 128) { /* float4 e: row o, stream h, columns 4 i4 .. */
+    const int o = e / MT_DCOLS, h = (e / (MT_DCOLS / 4)) % 4, i = 4 * (e % (MT_DCOLS / 4));
+    *(float4 *)(fs + o * MT_FS + h * MT_DCOLS + i) =
+        d0 + i < d1 ? __ldg((const float4 *)(fn + (size_t)o * n + h * D + d0 + i)) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  for (int e = tid; e < 64 * 20; e += 128) {
+    const int u = e / 20, j = e % 20, t = tb + u;
+    pc[u][j] = t >= T ? 0.f : j < 4 ? post[(size_t)t * 4 + j] : comb[(size_t)t * 16 + j - 4];
+  }
+  if (MOE && tid < 64) { /* moe_sum's order: the first pair of each distinct id >= 0, ascending id */
+    const int t = tb + tid;
+    int cnt = 0;
+    if (t < T) {
+      const int *id = idx + (size_t)t * k;
+      int last = -1;
+      for (int r = 0; r < k; r++) {
+        int best = -1;
+        for (int j = 0; j < k; j++)
+          if (id[j] > last && (best < 0 || id[j] < id[best])) best = j;
+        if (best < 0) break;
+        last = id[best];
+        const size_t p = (size_t)t * k + best;
+        mw[tid][cnt] = wt[p];
+        mr[tid][cnt] = erow ? erow[p] : (int)p;
+        cnt++;
+      }
+    }
+    mn[tid] = cnt;
+  }
+  __syncthreads();
+  const int ua = w * 16 + g, ub = ua + 8, ra = tb + ua, rb = tb + ub;
+  if (tb + w * 16 >= T) return;
+  const bool oka = ra < T, okb = rb < T;
+  const float4 z4 = make_float4(0.f, 0.f, 0.f, 0.f);
+  float c[3][4], ss[2] = {0.f, 0.f};
+#pragma unroll
+  for (int j = 0; j < 3; j++) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.f;
+#pragma unroll 1
+  for (int cb = d0; cb < d1; cb += 16) {
+    const int col = cb + 4 * t4;
+    const bool ok = col < d1; /* D % 4 == 0: a float4 is all in or all out */
+    float oa[4][4], ob[4][4], ya[4], yb[4];
+#pragma unroll
+    for (int h = 0; h < 4; h++) {
+      const float4 x = ok && oka ? *(const float4 *)(X + (size_t)ra * n + h * D + col) : z4;
+      const float4 y = ok && okb ? *(const float4 *)(X + (size_t)rb * n + h * D + col) : z4;
+      oa[h][0] = x.x, oa[h][1] = x.y, oa[h][2] = x.z, oa[h][3] = x.w;
+      ob[h][0] = y.x, ob[h][1] = y.y, ob[h][2] = y.z, ob[h][3] = y.w;
+    }
+    const float4 va = ok && oka ? *(const float4 *)(a + (size_t)ra * D + col) : z4;
+    const float4 vb = ok && okb ? *(const float4 *)(a + (size_t)rb * D + col) : z4;
+    ya[0] = va.x, ya[1] = va.y, ya[2] = va.z, ya[3] = va.w;
+    yb[0] = vb.x, yb[1] = vb.y, yb[2] = vb.z, yb[3] = vb.w;
+    if (MOE && ok) { /* a row's expert outputs loaded together, then added in order */
+#pragma unroll
+      for (int rr = 0; rr < 2; rr++) {
+        const int u = rr ? ub : ua, cnt = mn[u];
+        float4 e4[MT_KMAX];
+#pragma unroll
+        for (int r = 0; r < MT_KMAX; r++) e4[r] = r < cnt ? *(const float4 *)(eo + (size_t)mr[u][r] * D + col) : z4;
+#pragma unroll
+        for (int r = 0; r < MT_KMAX; r++)
+          if (r < cnt) {
+            const float e[4] = {e4[r].x, e4[r].y, e4[r].z, e4[r].w};
+            mhc_post_add<4>(rr ? yb : ya, mw[u][r], e);
+          }
+      }
+    }
+    /* stream by stream: the new values (all old streams stay live), stored,
+     * then their products with fn's columns h D + col */
+#pragma unroll
+    for (int h = 0; h < 4; h++) {
+      float na[4], nb[4];
+      mhc_post_mix<4, 4>(oa, ya, pc[ua][h], &pc[ua][4], 4, h, na);
+      mhc_post_mix<4, 4>(ob, yb, pc[ub][h], &pc[ub][4], 4, h, nb);
+      if (ok && oka) *(float4 *)(X + (size_t)ra * n + h * D + col) = make_float4(na[0], na[1], na[2], na[3]);
+      if (ok && okb) *(float4 *)(X + (size_t)rb * n + h * D + col) = make_float4(nb[0], nb[1], nb[2], nb[3]);
+      float4 f[3];
+#pragma unroll
+      for (int j = 0; j < 3; j++) f[j] = *(const float4 *)(fs + (8 * j + g) * MT_FS + h * MT_DCOLS + col - d0);
+#pragma unroll
+      for (int v = 0; v < 4; v++) {
+        ss[0] += na[v] * na[v];
+        ss[1] += nb[v] * nb[v];
+      }
+      const float f01[3][2] = {{f[0].x, f[0].y}, {f[1].x, f[1].y}, {f[2].x, f[2].y}};
+      const float f23[3][2] = {{f[0].z, f[0].w}, {f[1].z, f[1].w}, {f[2].z, f[2].w}};
+      mt_step(c, na[0], nb[0], na[1], nb[1], f01);
+      mt_step(c, na[2], nb[2], na[3], nb[3], f23);
+    }
+  }
 #pragma unroll
   for (int e = 0; e < 2; e++) {
     ss[e] += __shfl_xor_sync(0xffffffffu, ss[e], 1);

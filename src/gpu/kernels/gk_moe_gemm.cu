@@ -115,6 +115,30 @@ __global__ void moe_gather_bf16_k(const float *x, int ldx, const int *perm, cons
   }
 }
 
+/* The token rows once in bf16 (T x D, bf16_bits: the rounding of the
+ * gather above), then the gather copies bf16 rows: the source (33 MB at a
+ * 4096-token prefill) stays in L2 across a token's k copies, instead of
+ * k reads of its fp32 row from memory. Same bits. */
+__global__ void moe_x_bf16_k(const float *x, int ldx, int T, int D, uint2 *xb) {
+  GK_PDL_BEGIN();
+  const int n4 = D / 4;
+  const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i >= (size_t)T * n4) return;
+  const size_t t = i / n4, c = i % n4;
+  const float4 v = __ldg((const float4 *)(x + t * ldx) + c);
+  xb[i] = make_uint2(bf16_bits(v.x) | bf16_bits(v.y) << 16, bf16_bits(v.z) | bf16_bits(v.w) << 16);
+}
+/* xs[r] = xb[pair / k] (8 bf16 per thread, D % 8 == 0) and erow, as moe_gather_bf16_k */
+__global__ void moe_gather16_k(const uint4 *xb, const int *perm, const int *idx, const int *off, const int *poff, int k, int D,
+                               uint4 *xs, int *erow) {
+  GK_PDL_BEGIN();
+  const int s = blockIdx.x, p = perm[s], e = idx[p], r = poff[e] + s - off[e], n8 = D / 8;
+  if (threadIdx.x == 0) erow[p] = r;
+  const uint4 *src = xb + (size_t)(p / k) * n8;
+  uint4 *dst = xs + (size_t)r * n8;
+  for (int d = threadIdx.x; d < n8; d += blockDim.x) dst[d] = src[d];
+}
+
 /* h = bf16(swiglu(g, u)) elementwise */
 __global__ void moe_swiglu_bf16_k(const float *g, const float *u, size_t n, float limit, __nv_bfloat16 *h) {
   GK_PDL_BEGIN();
@@ -132,7 +156,7 @@ __global__ void moe_swiglu_bf16_v4_k(const float4 *g, const float4 *u, size_t n4
 }
 
 static cublasHandle_t g_h; /* gk_blas_handle(), fetched per call of gk_moe_experts_gemm */
-static gk_scratch g_xs, g_hb, g_wq, g_tab;
+static gk_scratch g_xs, g_hb, g_wq, g_tab, g_x16;
 
 /* C[n][rows] (fp32, ldc = rows) = B[n][cols] (bf16) . W^T, W bf16 [rows][cols] */
 static int gemm_bf16(const void *W, int rows, int cols, const void *B, int n, float *C) {
@@ -191,13 +215,16 @@ static int buckets(const int *hoff, int E, int *ord, int *bstart, int *poff) {
 }
 #endif
 
+static int g_x16_on = -1; /* GLM53_GPU_MOE_X16=0: gather from the fp32 rows */
+extern "C" void gk_set_moe_x16(int on) { g_x16_on = on < 0 ? -1 : !!on; }
+
 extern "C" size_t gk_moe_gemm_rows(int npairs) { return (size_t)npairs + (size_t)npairs / 7 + 1; }
 
 extern "C" int gk_moe_experts_gemm(const gpu_mat *h_exp, int E, const int *hoff, const int *off, const int *perm,
-                                   const int *idx, int k, const float *x, int ldx, int D, int I, float limit, float *g,
-                                   float *u, float *eo, int *erow) {
+                                   const int *idx, int k, const float *x, int ldx, int T, int D, int I, float limit,
+                                   float *g, float *u, float *eo, int *erow) {
 #if !GK_HAVE_BLAS
-  (void)h_exp; (void)E; (void)hoff; (void)off; (void)perm; (void)idx; (void)k; (void)x; (void)ldx; (void)D; (void)I;
+  (void)h_exp; (void)E; (void)hoff; (void)off; (void)perm; (void)idx; (void)k; (void)x; (void)ldx; (void)T; (void)D; (void)I;
   (void)limit; (void)g; (void)u; (void)eo; (void)erow;
   return gk_fail("moe gemm: no BLAS in this build");
 #else
@@ -236,7 +263,14 @@ extern "C" int gk_moe_experts_gemm(const gpu_mat *h_exp, int E, const int *hoff,
     hp[8 * nu + i] = eo + (size_t)poff[e] * D;
   }
   GK_TRY(cudaMemcpyAsync(tab, host, ptr0 + (size_t)9 * nu * sizeof(void *), cudaMemcpyHostToDevice, cudaStreamPerThread));
-  if (D % 4 == 0 && ldx % 4 == 0 && (uintptr_t)x % 16 == 0)
+  if (g_x16_on < 0) g_x16_on = !(getenv("GLM53_GPU_MOE_X16") && !strcmp(getenv("GLM53_GPU_MOE_X16"), "0"));
+  const bool v4 = D % 4 == 0 && ldx % 4 == 0 && (uintptr_t)x % 16 == 0;
+  uint2 *x16 = g_x16_on && v4 && D % 8 == 0 ? (uint2 *)gk_scratch_grow(&g_x16, (size_t)T * D * 2) : NULL;
+  if (x16) {
+    gk_launch(moe_x_bf16_k, gk_blocks((size_t)T * D / 4, 256), 256, 0, x, ldx, T, D, x16);
+    if (GK_LAUNCHED("moe x bf16")) return -1;
+    gk_launch(moe_gather16_k, n, 256, 0, (const uint4 *)x16, perm, idx, off, (const int *)tab, k, D, (uint4 *)xs, erow);
+  } else if (v4)
     gk_launch(moe_gather_bf16_k<true>, n, 256, 0, x, ldx, perm, idx, off, (const int *)tab, k, D, xs, erow);
   else
     gk_launch(moe_gather_bf16_k<false>, n, 256, 0, x, ldx, perm, idx, off, (const int *)tab, k, D, xs, erow);
