@@ -456,8 +456,9 @@ extern "C" int gk_mhc_proj(const gpu_mat *fn, const float *X, int T, int hc, int
 }
 
 /* GLM53_GPU_MHC_FUSE=1: the post and the next projection in one launch
- * (opt-in: its first version measured 11 ms slower per 4096-token prefill
- * on an H100 than the two launches; see docs/gpu.md) */
+ * (opt-in: per 4096-token prefill its first version measured 11 ms slower
+ * than the two launches on an H100, this one 5 ms slower on an H200;
+ * docs/gpu.md, Measured, eleventh session) */
 static int g_mhc_fuse = -1;
 extern "C" void gk_set_mhc_fuse(int on) { g_mhc_fuse = on < 0 ? -1 : !!on; }
 static bool al16(const void *p) { return ((uintptr_t)p & 15) == 0; }

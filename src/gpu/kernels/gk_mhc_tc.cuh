@@ -146,7 +146,11 @@ __global__ void __launch_bounds__(128, 6) mhc_proj_tc_k(const float *X, const fl
  * otherwise than mhc_proj_tc_k's: equal within fp32, deterministic, and a
  * token's sums still do not depend on its chunk (the split count depends on
  * the width only). hc = 4 (24 outputs), D % 4 == 0, at most MT_KMAX experts
- * per token. 128 threads: 4 warps of 16 tokens. */
+ * per token. 128 threads: 4 warps of 16 tokens; 168 registers, three
+ * blocks per SM. Opt-in (gk_mhc_post_proj): it saves one read of X per
+ * site but measured 5 ms slower per 4096-token prefill than the post and
+ * mhc_proj_tc_k apart (H200, eleventh session), which run at more warps
+ * per SM. */
 #define MT_DCOLS 128
 #define MT_KMAX 8
 static inline int mt_dsplits(int D) { return (D + MT_DCOLS - 1) / MT_DCOLS; }
