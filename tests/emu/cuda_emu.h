@@ -258,6 +258,14 @@ static inline const mx_slot *mx_exchange(const mx_slot &mine) {
   f.wgen++;
   return &mx[par][w0];
 }
+/* an mma's operand registers exchanged (mx_exchange) */
+static inline const mx_slot *mx_operands(const uint32_t a[4], uint32_t b0, uint32_t b1) {
+  mx_slot me{};
+  for (int i = 0; i < 4; i++) me.a[i] = a[i];
+  me.b[0] = b0;
+  me.b[1] = b1;
+  return mx_exchange(me);
+}
 static inline float bf16f(uint32_t h) { return __uint_as_float((h & 0xffffu) << 16); }
 /* the calling lane's accumulators (rows g, g + 8; columns 2t, 2t + 1) of
  * c += A[16][K] . B[K][8], the products summed in double, rounded once
@@ -297,11 +305,7 @@ static inline void emu_ldmatrix_x4(uint32_t r[4], const uint16_t *row, bool tran
  * 8..), A(g + 8, 2t + 8..), b = B(2t.., g), B(2t + 8.., g), c = C(g, 2t),
  * C(g, 2t + 1), C(g + 8, 2t), C(g + 8, 2t + 1). */
 static inline void emu_mma_bf16_16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-  emu::mx_slot me{};
-  for (int i = 0; i < 4; i++) me.a[i] = a[i];
-  me.b[0] = b0;
-  me.b[1] = b1;
-  const emu::mx_slot *w = emu::mx_exchange(me);
+  const emu::mx_slot *w = emu::mx_operands(a, b0, b1);
   float A[16][16], B[16][8];
   for (int l = 0; l < 32; l++) {
     const int gr = l >> 2, t2 = 2 * (l & 3);
@@ -328,11 +332,7 @@ static inline uint32_t emu_cvt_rna_tf32(float x) {
  * A(g + 8, t + 4), b = B(t, g), B(t + 4, g), c as the bf16 form's. Inputs
  * read as tf32 (their low 13 bits ignored). */
 static inline void emu_mma_tf32_1688(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-  emu::mx_slot me{};
-  for (int i = 0; i < 4; i++) me.a[i] = a[i];
-  me.b[0] = b0;
-  me.b[1] = b1;
-  const emu::mx_slot *w = emu::mx_exchange(me);
+  const emu::mx_slot *w = emu::mx_operands(a, b0, b1);
   auto tf = [](uint32_t u) { return __uint_as_float(u & 0xffffe000u); };
   float A[16][8], B[8][8];
   for (int l = 0; l < 32; l++) {

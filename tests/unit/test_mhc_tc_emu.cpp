@@ -45,12 +45,11 @@ static bool run(const std::vector<float> &X, const std::vector<float> &fn, int T
   return ok;
 }
 
-static void mt_case(int T, int D) {
-  const int n = 4 * D;
-  std::vector<float> X((size_t)T * n), fn((size_t)MT_MIX * n);
-  for (auto &x : X) x = rf();
-  for (auto &x : fn) x = 0.02f * rf();
-  std::vector<float> rmix((size_t)T * MT_MIX), rss(T);
+/* float64 mixraw = fn . X_t and ssq = X_t . X_t of T rows of n columns */
+static void ref_proj(const std::vector<float> &X, const std::vector<float> &fn, int T, int n, std::vector<float> &rmix,
+                     std::vector<float> &rss) {
+  rmix.assign((size_t)T * MT_MIX, 0.f);
+  rss.assign(T, 0.f);
   for (int t = 0; t < T; t++) {
     double q = 0;
     for (int c = 0; c < n; c++) q += (double)X[(size_t)t * n + c] * X[(size_t)t * n + c];
@@ -61,6 +60,15 @@ static void mt_case(int T, int D) {
       rmix[(size_t)t * MT_MIX + o] = (float)a;
     }
   }
+}
+
+static void mt_case(int T, int D) {
+  const int n = 4 * D;
+  std::vector<float> X((size_t)T * n), fn((size_t)MT_MIX * n);
+  for (auto &x : X) x = rf();
+  for (auto &x : fn) x = 0.02f * rf();
+  std::vector<float> rmix, rss;
+  ref_proj(X, fn, T, n, rmix, rss);
   std::vector<float> mix, ssq;
   const bool ok = run(X, fn, T, n, mix, ssq);
   const double em = rows_rel_diff(rmix.data(), mix.data(), T, MT_MIX), es = rows_rel_diff(rss.data(), ssq.data(), 1, T);
@@ -150,17 +158,8 @@ static void fused_case(int T, int D, bool moe) {
   std::vector<float> rXf(rX.begin(), rX.end());
   const double ex = rows_rel_diff(rXf.data(), X.data(), T, n);
   /* the projection of what the kernel wrote */
-  std::vector<float> rmix((size_t)T * MT_MIX), rss(T);
-  for (int t = 0; t < T; t++) {
-    double q = 0;
-    for (int c = 0; c < n; c++) q += (double)X[(size_t)t * n + c] * X[(size_t)t * n + c];
-    rss[t] = (float)q;
-    for (int o = 0; o < MT_MIX; o++) {
-      double acc = 0;
-      for (int c = 0; c < n; c++) acc += (double)in.fn[(size_t)o * n + c] * X[(size_t)t * n + c];
-      rmix[(size_t)t * MT_MIX + o] = (float)acc;
-    }
-  }
+  std::vector<float> rmix, rss;
+  ref_proj(X, in.fn, T, n, rmix, rss);
   const double em = rows_rel_diff(rmix.data(), mix.data(), T, MT_MIX), es = rows_rel_diff(rss.data(), ssq.data(), 1, T);
   CHECK(ex <= 1e-6 && em <= 2e-6 && es <= 2e-6,
         "mhc post+proj%s T%d D%d: X err %.3g (tol 1e-6), mixraw err %.3g, ssq err %.3g (tol 2e-6)", moe ? " (moe)" : "", T, D,

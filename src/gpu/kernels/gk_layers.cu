@@ -504,11 +504,8 @@ extern "C" int gk_mhc_post_proj(float *X, const float *a, const float *eo, const
 __device__ __forceinline__ float moe_sum(float acc, const float *eo, const int *erow, const int *idx, const float *wt, int t,
                                          int k, int D, int d) {
   const int *id = idx + (size_t)t * k;
-  int last = -1;
-  for (int r = 0; r < k; r++) { /* next smallest expert id above `last` */
-    int best = -1;
-    for (int j = 0; j < k; j++)
-      if (id[j] > last && (best < 0 || id[j] < id[best])) best = j;
+  for (int r = 0, last = -1; r < k; r++) {
+    const int best = moe_next(id, k, last);
     if (best < 0) break;
     last = id[best];
     const size_t p = (size_t)t * k + best;

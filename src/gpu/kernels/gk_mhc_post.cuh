@@ -6,6 +6,15 @@
 #ifndef GLM53_GPU_GK_MHC_POST_CUH
 #define GLM53_GPU_GK_MHC_POST_CUH
 
+/* the combine's order (moe_sum, the fused post): the first of the k pairs
+ * id[] with the smallest expert id above last, -1 when none (so starting
+ * from last = -1 each distinct id >= 0 is visited once, ascending) */
+__device__ __forceinline__ int moe_next(const int *id, int k, int last) {
+  int best = -1;
+  for (int j = 0; j < k; j++)
+    if (id[j] > last && (best < 0 || id[j] < id[best])) best = j;
+  return best;
+}
 /* y += w e: one routed expert's output, added in ascending expert id */
 template <int V> __device__ __forceinline__ void mhc_post_add(float *y, float w, const float *e) {
 #pragma unroll

@@ -79,6 +79,27 @@ __device__ __forceinline__ void mt_step(float c[3][4], float a0, float b0, float
   }
 }
 
+/* a warp's partial sums of split s for its rows ra / rb (lane quad t4):
+ * the sums of squares added over the quad (lanes 4 g .. 4 g + 3 share
+ * rows), the mma fragments c stored by output */
+__device__ __forceinline__ void mt_store(float *part, int s, int T, int ra, int rb, bool oka, bool okb, int t4,
+                                         const float (*c)[4], float *ss) {
+#pragma unroll
+  for (int e = 0; e < 2; e++) {
+    ss[e] += __shfl_xor_sync(0xffffffffu, ss[e], 1);
+    ss[e] += __shfl_xor_sync(0xffffffffu, ss[e], 2);
+  }
+  float *pa = part + ((size_t)s * T + ra) * MT_PART, *pb = part + ((size_t)s * T + rb) * MT_PART;
+#pragma unroll
+  for (int j = 0; j < 3; j++) {
+    const int o = 8 * j + 2 * t4;
+    if (oka) pa[o] = c[j][0], pa[o + 1] = c[j][1];
+    if (okb) pb[o] = c[j][2], pb[o + 1] = c[j][3];
+  }
+  if (t4 == 0 && oka) pa[MT_MIX] = ss[0];
+  if (t4 == 0 && okb) pb[MT_MIX] = ss[1];
+}
+
 __global__ void __launch_bounds__(128, 6) mhc_proj_tc_k(const float *X, const float *fn, int T, int n, float *part) {
   GK_PDL_BEGIN();
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
@@ -118,21 +139,7 @@ __global__ void __launch_bounds__(128, 6) mhc_proj_tc_k(const float *X, const fl
     mt_step(c, ca.x, cbv.x, ca.y, cbv.y, f01);
     mt_step(c, ca.z, cbv.z, ca.w, cbv.w, f23);
   }
-  /* sums of squares over the quad (lanes 4 g .. 4 g + 3 share rows) */
-#pragma unroll
-  for (int e = 0; e < 2; e++) {
-    ss[e] += __shfl_xor_sync(0xffffffffu, ss[e], 1);
-    ss[e] += __shfl_xor_sync(0xffffffffu, ss[e], 2);
-  }
-  float *pa = part + ((size_t)s * T + ra) * MT_PART, *pb = part + ((size_t)s * T + rb) * MT_PART;
-#pragma unroll
-  for (int j = 0; j < 3; j++) {
-    const int o = 8 * j + 2 * t4;
-    if (oka) pa[o] = c[j][0], pa[o + 1] = c[j][1];
-    if (okb) pb[o] = c[j][2], pb[o + 1] = c[j][3];
-  }
-  if (t4 == 0 && oka) pa[MT_MIX] = ss[0];
-  if (t4 == 0 && okb) pb[MT_MIX] = ss[1];
+  mt_store(part, s, T, ra, rb, oka, okb, t4, c, ss);
 }
 
 /* ---- the mHC post fused with the next site's projection ----
@@ -184,11 +191,8 @@ __global__ void __launch_bounds__(128, 3) mhc_post_proj_tc_k(float *X, const flo
     int cnt = 0;
     if (t < T) {
       const int *id = idx + (size_t)t * k;
-      int last = -1;
-      for (int r = 0; r < k; r++) {
-        int best = -1;
-        for (int j = 0; j < k; j++)
-          if (id[j] > last && (best < 0 || id[j] < id[best])) best = j;
+      for (int r = 0, last = -1; r < k; r++) {
+        const int best = moe_next(id, k, last);
         if (best < 0) break;
         last = id[best];
         const size_t p = (size_t)t * k + best;
@@ -261,20 +265,7 @@ __global__ void __launch_bounds__(128, 3) mhc_post_proj_tc_k(float *X, const flo
       mt_step(c, na[2], nb[2], na[3], nb[3], f23);
     }
   }
-#pragma unroll
-  for (int e = 0; e < 2; e++) {
-    ss[e] += __shfl_xor_sync(0xffffffffu, ss[e], 1);
-    ss[e] += __shfl_xor_sync(0xffffffffu, ss[e], 2);
-  }
-  float *pa = part + ((size_t)s * T + ra) * MT_PART, *pb = part + ((size_t)s * T + rb) * MT_PART;
-#pragma unroll
-  for (int j = 0; j < 3; j++) {
-    const int o = 8 * j + 2 * t4;
-    if (oka) pa[o] = c[j][0], pa[o + 1] = c[j][1];
-    if (okb) pb[o] = c[j][2], pb[o + 1] = c[j][3];
-  }
-  if (t4 == 0 && oka) pa[MT_MIX] = ss[0];
-  if (t4 == 0 && okb) pb[MT_MIX] = ss[1];
+  mt_store(part, s, T, ra, rb, oka, okb, t4, c, ss);
 }
 
 /* mixraw[t][o] / ssq[t] = the splits' partial sums, added in split order */
