@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU builds, so neither backend can rot on CPU-only machines:
-#  - CUDA (sm_90) with the local nvcc: builds the backend, the GPU tests and
+#  - CUDA (sm_90a) with the local nvcc: builds the backend, the GPU tests and
 #    the benchmark, runs the tests (without a device they report Skipped;
 #    test_backend_select runs for real);
 #  - HIP with Debian's hipcc: compile and link only (no AMD GPU here).

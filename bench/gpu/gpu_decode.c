@@ -267,7 +267,7 @@ int main(int argc, char **argv) {
   double pf = 2.0 * active * NP / (pms * 1e-3) / 1e12;
   printf("prefill %d tokens (median of 3): %.1f ms = %.0f tok/s; %.1f TFLOP/s in weight GEMMs (%.1f%% of measured bf16 GEMM); MLA GEMM form %s in %s; mHC projection %s\n",
          NP, pms, NP / (pms * 1e-3), pf, 100.0 * pf / tf,
-         !gk_mla_mha_on() ? "absorbed" : gk_mla_flash_fits(256, 256, 4) ? (gk_mla_flash_bn() == 32 ? "per-head, fused (32 keys per tile)" : "per-head, fused (64 keys per tile)") : "per-head",
+         !gk_mla_mha_on() ? "absorbed" : !gk_mla_flash_fits(256, 256, 4) ? "per-head" : gk_mla_flash_wg() ? "per-head, fused (wgmma)" : gk_mla_flash_bn() == 32 ? "per-head, fused (mma.sync, 32 keys per tile)" : "per-head, fused (mma.sync, 64 keys per tile)",
          gk_mla_math_name(gk_mla_math()), gk_mhc_tc_on() ? "tensor cores" : "SIMT");
   dt = decode(s, steps, tok + NP, logits);
   glm53_gpu_profile_dump("decode @ctx 4096 (incl. 3 warm-up steps)");
@@ -297,21 +297,25 @@ int main(int argc, char **argv) {
   /* prefill A/B: the per-head form's batched GEMMs instead of its fused
    * kernel, the absorbed bf16x3 form, the mHC projection's SIMT kernel
    * instead of its tensor-core form, the mHC post fused with the next
-   * projection, the MoE gather from fp32 rows; median of 3 each */
-  static const char *const vname[6][2] = {{"MLA per-head form in batched GEMMs", "GLM53_GPU_MLA_FLASH=0"},
+   * projection, the MoE gather from fp32 rows, the mma.sync flash kernel
+   * where the wgmma one is the default; median of 3 each */
+  static const char *const vname[7][2] = {{"MLA per-head form in batched GEMMs", "GLM53_GPU_MLA_FLASH=0"},
                                           {"MLA absorbed GEMM form", "GLM53_GPU_MLA_MHA=0"},
                                           {"mHC projection SIMT kernel", "GLM53_GPU_MHC_TC=0"},
-                                          {"MLA fused kernel, 64 keys per tile", "GLM53_GPU_MLA_FLASH_BN=64"},
+                                          {"MLA fused mma.sync kernel, 64 keys per tile", "GLM53_GPU_MLA_FLASH_WG=0 GLM53_GPU_MLA_FLASH_BN=64"},
                                           {"mHC post fused with the next projection", "GLM53_GPU_MHC_FUSE=1"},
-                                          {"MoE gather from fp32 rows", "GLM53_GPU_MOE_X16=0"}};
-  for (int v = 0; v < 6; v++) {
-    if (quick && v < 3) continue;
+                                          {"MoE gather from fp32 rows", "GLM53_GPU_MOE_X16=0"},
+                                          {"MLA fused mma.sync kernel, 32 keys per tile", "GLM53_GPU_MLA_FLASH_WG=0"}};
+  for (int v = 0; v < 7; v++) {
+    if (quick && v < 6) continue;
+    if (v == 6 && !gk_mla_flash_wg()) continue; /* no wgmma kernel here: the mma.sync one is the default */
     if (v == 0) gk_set_mla_flash(0);
     if (v == 1) gk_set_mla_mha(0);
     if (v == 2) gk_set_mhc_tc(0);
-    if (v == 3) gk_set_mla_flash_bn(64);
+    if (v == 3) gk_set_mla_flash_wg(0), gk_set_mla_flash_bn(64);
     if (v == 4) gk_set_mhc_fuse(1);
     if (v == 5) gk_set_moe_x16(0);
+    if (v == 6) gk_set_mla_flash_wg(0);
     for (int i = 0; i < 3; i++) {
       glm53_session_reset(s);
       pr[i] = run(s, tok, NP, logits);
@@ -325,6 +329,7 @@ int main(int argc, char **argv) {
     gk_set_mla_flash_bn(-1);
     gk_set_mhc_fuse(-1);
     gk_set_moe_x16(-1);
+    gk_set_mla_flash_wg(-1);
   }
   if (quick) {
     free(base);

@@ -474,7 +474,14 @@ static int gpu_model_init(glm53_model *m) {
     gpu_model_free(m);
     return -1;
   }
-  LOG_INFO("gpu: %s; %.2f GB of weights resident in %.2f s", glm53_gpu_device_desc(), g->bytes / 1e9, now_sec() - t0);
+  const glm53_config *c = &m->cfg;
+  const char *mla = !mla_gemm_on() ? "head-sharing kernel"
+                    : !gk_mla_mha_on() ? "absorbed GEMM form"
+                    : !gk_mla_flash_fits(c->qk_nope_head_dim, c->v_head_dim, c->index_kpool) ? "per-head batched GEMMs"
+                    : gk_mla_flash_wg() ? "per-head fused kernel (wgmma)"
+                                        : "per-head fused kernel (mma.sync)";
+  LOG_INFO("gpu: %s; %.2f GB of weights resident in %.2f s; MLA attention of long chunks: %s", glm53_gpu_device_desc(),
+           g->bytes / 1e9, now_sec() - t0, mla);
   return 0;
 }
 

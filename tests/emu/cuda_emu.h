@@ -5,7 +5,7 @@
  * another. It covers what the emulated kernels use (dim3 indices, static
  * and dynamic shared memory, float2/float4/uint4, indexed and xor shuffles,
  * __syncwarp, the warp's ldmatrix x4, bf16 mma.sync m16n8k16 and tf32
- * m16n8k8, cvt.rna.tf32: GK_EMU
+ * m16n8k8, cvt.rna.tf32, the warpgroup's bf16 wgmma: GK_EMU
  * selects them in the kernel sources) and
  * reports a deadlock (a barrier some threads never reach) instead of
  * hanging. Not a timing model; memory is host memory. C++ (templates of
@@ -267,6 +267,20 @@ static inline const mx_slot *mx_operands(const uint32_t a[4], uint32_t b0, uint3
   return mx_exchange(me);
 }
 static inline float bf16f(uint32_t h) { return __uint_as_float((h & 0xffffu) << 16); }
+/* the 16 x 16 bf16 A operand of m16n8k16 from the warp's 32 slots: lane l
+ * (g = l / 4, t = l % 4) holds A(g, 2t..), A(g + 8, 2t..), A(g, 2t + 8..),
+ * A(g + 8, 2t + 8..), the first of each pair in the low half */
+static inline void a_frag16(const mx_slot *w, float A[16][16]) {
+  for (int l = 0; l < 32; l++) {
+    const int gr = l >> 2, t2 = 2 * (l & 3);
+    for (int h = 0; h < 2; h++) {
+      A[gr][t2 + h] = bf16f(w[l].a[0] >> 16 * h);
+      A[gr + 8][t2 + h] = bf16f(w[l].a[1] >> 16 * h);
+      A[gr][t2 + 8 + h] = bf16f(w[l].a[2] >> 16 * h);
+      A[gr + 8][t2 + 8 + h] = bf16f(w[l].a[3] >> 16 * h);
+    }
+  }
+}
 /* the calling lane's accumulators (rows g, g + 8; columns 2t, 2t + 1) of
  * c += A[16][K] . B[K][8], the products summed in double, rounded once
  * (the hardware's order is unspecified) */
@@ -307,13 +321,10 @@ static inline void emu_ldmatrix_x4(uint32_t r[4], const uint16_t *row, bool tran
 static inline void emu_mma_bf16_16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
   const emu::mx_slot *w = emu::mx_operands(a, b0, b1);
   float A[16][16], B[16][8];
+  emu::a_frag16(w, A);
   for (int l = 0; l < 32; l++) {
     const int gr = l >> 2, t2 = 2 * (l & 3);
     for (int h = 0; h < 2; h++) {
-      A[gr][t2 + h] = emu::bf16f(w[l].a[0] >> 16 * h);
-      A[gr + 8][t2 + h] = emu::bf16f(w[l].a[1] >> 16 * h);
-      A[gr][t2 + 8 + h] = emu::bf16f(w[l].a[2] >> 16 * h);
-      A[gr + 8][t2 + 8 + h] = emu::bf16f(w[l].a[3] >> 16 * h);
       B[t2 + h][gr] = emu::bf16f(w[l].b[0] >> 16 * h);
       B[t2 + 8 + h][gr] = emu::bf16f(w[l].b[1] >> 16 * h);
     }
@@ -345,6 +356,48 @@ static inline void emu_mma_tf32_1688(float c[4], const uint32_t a[4], uint32_t b
     B[t + 4][gr] = tf(w[l].b[1]);
   }
   emu::mma_out(c, &A[0][0], &B[0][0], 8);
+}
+
+/* wgmma.mma_async m64nNk16 bf16 -> fp32 of the calling lane's warp (warp
+ * (tid / 32) % 4 of its warpgroup: rows 16 w .. 16 w + 15), computed at
+ * issue (fence, commit and wait are no-ops). A comes from the registers
+ * (a: the mma.sync m16n8k16 A fragment, all 32 lanes call) or, with a
+ * null, from the shared-memory descriptor da; B from db, K-major or, with
+ * transB, MN-major. Descriptors in the no-swizzle layout (start, LBO, SBO
+ * in 16-byte units at bits 0, 16, 32; src/gpu/kernels/gk_wgmma.cuh): the
+ * element (row r, k) of a K-major operand at start + (r / 8) SBO + (r % 8)
+ * 16 + (k / 8) LBO + (k % 8) 2 bytes; (k, n) of an MN-major one at start +
+ * (n / 8) SBO + (n % 8) 2 + (k / 8) LBO + (k % 8) 16. Products summed in
+ * double, rounded once; acc = 0 ignores d's values. */
+static inline void emu_wgmma(float *d, int N, const uint32_t *a, uint64_t da, uint64_t db, bool transB, int acc) {
+  const int l = emu::g.cur->tid & 31, w = (emu::g.cur->tid >> 5) & 3, gr = l >> 2, t2 = 2 * (l & 3);
+  auto at = [](uint64_t byte) {
+    uint16_t h;
+    memcpy(&h, (const char *)emu_smem_buf + byte, 2);
+    return emu::bf16f(h);
+  };
+  auto field = [](uint64_t desc, int bit) { return ((desc >> bit) & 0x3fffu) << 4; };
+  float A[16][16];
+  if (a)
+    emu::a_frag16(emu::mx_operands(a, 0, 0), A);
+  else
+    for (int r = 0; r < 16; r++)
+      for (int k = 0; k < 16; k++) {
+        const int row = 16 * w + r;
+        A[r][k] = at(field(da, 0) + (row / 8) * field(da, 32) + (row % 8) * 16 + (k / 8) * field(da, 16) + (k % 8) * 2);
+      }
+  const uint64_t b0 = field(db, 0), lbo = field(db, 16), sbo = field(db, 32);
+  for (int i = 0; i < N / 8; i++)
+    for (int e = 0; e < 4; e++) {
+      const int row = gr + 8 * (e >> 1), n = 8 * i + t2 + (e & 1);
+      double s = acc ? d[4 * i + e] : 0.0;
+      for (int k = 0; k < 16; k++) {
+        const uint64_t off = transB ? (n / 8) * sbo + (n % 8) * 2 + (k / 8) * lbo + (k % 8) * 16
+                                    : (n / 8) * sbo + (n % 8) * 16 + (k / 8) * lbo + (k % 8) * 2;
+        s += (double)A[row][k] * at(b0 + off);
+      }
+      d[4 * i + e] = (float)s;
+    }
 }
 
 /* Run body (a call of the kernel with its arguments) on every block of the

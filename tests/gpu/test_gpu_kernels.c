@@ -22,7 +22,10 @@
  * expert GEMMs over sorted, bucket-padded pairs for bf16, Q4 and Q8 (2e-3
  * vs float64 with the bf16 roundings of the GEMM form); the MLA GEMM form
  * over cache prefixes and gathered selections up to 4404 rows, fp32 and
- * bf16x9-emulated fp32 (1e-5) and TF32 (3e-3) against float64.
+ * bf16x9-emulated fp32 (1e-5) and TF32 (3e-3) against float64; the MLA
+ * flash kernel's two wgmma product forms alone (1e-5 vs float64, where the
+ * device has wgmma) and the per-head form through each fused kernel
+ * (wgmma, mma.sync with 32 and 64 keys per tile) and its batched GEMMs.
  * No device: SKIP. */
 #include "gpu_test.h"
 #include "gpu/kernels/gk.h"
@@ -1023,6 +1026,46 @@ static void mla_gemm_case(int H, int kl, int P, int K, int pos0, int T) {
  * masked selection (K pools + tail past K * P positions), a later chunk,
  * odd small widths; then the cases that must decline (1): another
  * arithmetic, the switch off, an f32 kv_b, a context past the row bound. */
+/* The fused MLA kernel's two wgmma product forms alone (gk_wgmma_check):
+ * scores-like (both operands K-major in shared memory) and output-like (A
+ * in registers, B MN-major), against float64 on random bf16 operands. The
+ * arithmetic is exact products summed in fp32: tolerance 1e-5 of the
+ * largest |D|. Where the device has no wgmma, says so. */
+static void wgmma_case(void) {
+  uint16_t a[64 * 16], b[16 * 64];
+  for (int i = 0; i < 64 * 16; i++) a[i] = f32_to_bf16(rf());
+  for (int i = 0; i < 16 * 64; i++) b[i] = f32_to_bf16(rf());
+  uint16_t *da = dcopy(a, sizeof a), *db = dcopy(b, sizeof b);
+  float *d1 = gk_malloc(64 * 64 * 4), *d2 = gk_malloc(64 * 32 * 4), h1[64 * 64], h2[64 * 32], r1[64 * 64], r2[64 * 32];
+  int rc = gk_wgmma_check(da, db, d1, d2, 0);
+  if (rc == 1) printf("wgmma check: no wgmma on this device or build\n");
+  else {
+    for (int r = 0; r < 64; r++)
+      for (int n = 0; n < 64; n++) {
+        double acc = 0;
+        for (int k = 0; k < 16; k++) acc += (double)bf16_to_f32(a[r * 16 + k]) * bf16_to_f32(b[k * 64 + n]);
+        r1[r * 64 + n] = (float)acc;
+        if (n < 32) r2[r * 32 + n] = (float)acc;
+      }
+    for (int swap = 0; swap < 2; swap++) { /* swap: LBO and SBO exchanged, printed only (a layout diagnostic) */
+      if (swap) rc = gk_wgmma_check(da, db, d1, d2, 1);
+      CHECK(rc == 0 && !gk_d2h(h1, d1, sizeof h1) && !gk_d2h(h2, d2, sizeof h2), "wgmma check: %s", gk_error());
+      const double e1 = rel(h1, r1, 64 * 64), e2 = rel(h2, r2, 64 * 32);
+      if (!swap) {
+        CHECK(e1 <= 1e-5, "wgmma m64n64k16, both operands K-major in shared memory: err %g > 1e-5", e1);
+        CHECK(e2 <= 1e-5, "wgmma m64n32k16, A in registers, B MN-major: err %g > 1e-5", e2);
+      }
+      printf("wgmma check%s: K-major smem x smem err %.3g, registers x MN-major smem err %.3g (tol 1e-5) %s\n",
+             swap ? " (LBO and SBO swapped, expected wrong)" : "", e1, e2,
+             swap ? "" : e1 <= 1e-5 && e2 <= 1e-5 ? "ok" : "FAIL");
+    }
+  }
+  gk_free(da);
+  gk_free(db);
+  gk_free(d1);
+  gk_free(d2);
+}
+
 static void mla_mha_case(int fmt, int H, int nope, int vd, int kl, int P, int K, int pos0, int T) {
   const int ctx = pos0 + T, R = H * (nope + vd);
   tmat W;
@@ -1086,17 +1129,21 @@ static void mla_mha_case(int fmt, int H, int nope, int vd, int kl, int P, int K,
   int rc = 0;
   double err = INFINITY;
   const double tol = gk_mla_math_tol(GK_MLA_BF16X3);
-  for (int v = 0; v < 3 && rc != 1; v++) { /* the fused kernel (32, 64 keys per tile) where it takes the widths, then the batched GEMMs */
-    const int fl = v < 2;
+  /* the fused kernels where they take the widths (wgmma where the device
+   * has it; mma.sync with 32, 64 keys per tile), then the batched GEMMs */
+  for (int v = 0; v < 4 && rc != 1; v++) {
+    const int fl = v < 3;
     if (fl && !gk_mla_flash_fits(nope, vd, P)) continue;
     gk_set_mla_flash(fl);
-    gk_set_mla_flash_bn(v == 1 ? 64 : 32);
+    gk_set_mla_flash_wg(v == 0);
+    if (v == 0 && !gk_mla_flash_wg()) continue;
+    gk_set_mla_flash_bn(v == 2 ? 64 : 32);
     gk_memset(dout, 0x7f, no * 4);
     rc = gk_mla_mha_gemm(dq, dl, &W.g, dd, dn, dt, dp, T, dpos, pos0, H, nope, vd, kl, P, K, (float)scale, dout);
     err = INFINITY;
     if (!rc && !gk_d2h(got, dout, no * 4)) err = rel(got, ref, no);
     if (rc == 1) break;
-    const char *form = !fl ? "gemms" : v ? "fused64" : "fused32";
+    const char *form = !fl ? "gemms" : v == 0 ? "fused-wgmma" : v == 2 ? "fused64" : "fused32";
     CHECK(rc == 0, "mla mha %s: %s", form, gk_error());
     CHECK(err <= tol, "mla mha %s %s H%d nope%d vd%d kl%d P%d K%d pos0 %d T%d: err %g > %g", form, fname(fmt), H, nope, vd, kl,
           P, K, pos0, T, err, tol);
@@ -1104,6 +1151,7 @@ static void mla_mha_case(int fmt, int H, int nope, int vd, int kl, int P, int K,
            fname(fmt), H, nope, vd, kl, P, K, pos0, T, err, tol, err <= tol ? "ok" : "FAIL");
   }
   gk_set_mla_flash(-1);
+  gk_set_mla_flash_wg(-1);
   gk_set_mla_flash_bn(-1);
   if (rc == 1) printf("mla mha form: not in this build\n");
   else {
@@ -1300,6 +1348,7 @@ int main(void) {
   mla_gemm_case(1, 32, 4, 2100, 8500, 2); /* selections past the split softmax's 8192 rows: fp32-accurate form */
   /* the per-head form: the model's widths over a prefix in sub-chunks of
    * 1/8, a masked selection, a later chunk, odd small widths, Q8 kv_b */
+  wgmma_case();
   mla_mha_case(WMAT_BF16, 4, 256, 256, 512, 4, 512, 0, 300);
   mla_mha_case(WMAT_BF16, 2, 256, 256, 512, 4, 16, 40, 200);  /* the model's widths, masked past 68 positions */
   mla_mha_case(WMAT_BF16, 3, 64, 32, 128, 4, 16, 100, 150); /* pools past K = 16: masked rows (ctx 250 <= 4 x 68) */

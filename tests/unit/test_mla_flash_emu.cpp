@@ -1,7 +1,10 @@
-/* The fused (flash) attention kernel of the per-head MLA form
- * (src/gpu/kernels/gk_mla_flash.cuh) and its selection bitmap run on the
- * host through the CUDA emulator (tests/emu/cuda_emu.h emulates the warp's
- * ldmatrix and bf16 mma.sync), against a float64 softmax attention over
+/* The fused (flash) attention kernels of the per-head MLA form
+ * (src/gpu/kernels/gk_mla_flash.cuh on mma.sync, gk_mla_flash_wg.cuh on
+ * wgmma) and their selection bitmap run on the host through the CUDA
+ * emulator (tests/emu/cuda_emu.h emulates the warp's ldmatrix and bf16
+ * mma.sync, and the warpgroup's wgmma from its shared-memory descriptors
+ * as the PTX ISA defines the no-swizzle layout; that the device reads them
+ * so is checked by test_gpu_kernels' wgmma check), against a float64 softmax attention over
  * the same bf16 inputs (q, K hi + lo, V hi + lo) and the same selections
  * written as explicit row lists: dense tokens, then K pools (a spread,
  * unordered choice) plus the tail. Rows past the context hold large values
@@ -20,6 +23,8 @@ extern "C" {
 
 #include "gpu/kernels/gk_device.cuh"
 #include "gpu/kernels/gk_mla_flash.cuh"
+#include "gpu/kernels/gk_wgmma.cuh"
+#include "gpu/kernels/gk_mla_flash_wg.cuh"
 
 static uint64_t g_s = 0x13198a2e03707344ull;
 static uint64_t rnd() {
@@ -29,6 +34,8 @@ static uint64_t rnd() {
 static float rf() { return (float)((rnd() >> 11) * (2.0 / 9007199254740992.0) - 1.0); }
 static float bf(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 
+/* BN 32 or 64: mla_flash_k with that many keys per tile; BN 0: the
+ * warpgroup kernel mla_flash_wg_k (64 keys per tile, 128 tokens per block) */
 template <int NOPE, int VD, int BN> static void flash_case(int H, int P, int K, int pos0, int T) {
   const int ctx = pos0 + T, lrows = (ctx + 7) / 8 * 8, ldh = 2 * (NOPE + VD);
   int pshift = 0;
@@ -98,18 +105,25 @@ template <int NOPE, int VD, int BN> static void flash_case(int H, int P, int K, 
   std::vector<uint32_t> map((size_t)T * nw, 0xdeadbeefu);
   std::vector<float> out((size_t)T * H * VD, NAN);
   const float sl2 = (float)(scale * 1.4426950408889634);
-  bool ok = mf_cfg<NOPE, VD, BN>::smem <= sizeof emu_smem_buf;
+  bool ok = (BN ? mf_cfg<NOPE, VD, BN ? BN : 32>::smem : mw_cfg<NOPE, VD>::smem) <= sizeof emu_smem_buf;
   ok = ok && emu_launch(dim3(T), dim3(256), [&] { mf_selmap_k(dense.data(), np.data(), pools.data(), K, nw, map.data()); });
-  ok = ok && emu_launch(dim3((T + MF_BM - 1) / MF_BM, H), dim3(MF_THREADS), [&] {
-         mla_flash_k<NOPE, VD, BN>(q16.data(), kv.data(), dense.data(), tail.data(), map.data(), nw, &pos0, T, H, pshift, lrows,
-                               sl2, out.data());
-       });
+  if (BN)
+    ok = ok && emu_launch(dim3((T + MF_BM - 1) / MF_BM, H), dim3(MF_THREADS), [&] {
+           mla_flash_k<NOPE, VD, BN ? BN : 32>(q16.data(), kv.data(), dense.data(), tail.data(), map.data(), nw, &pos0, T, H,
+                                               pshift, lrows, sl2, out.data());
+         });
+  else
+    ok = ok && emu_launch(dim3((T + MW_BM - 1) / MW_BM, H), dim3(MW_THREADS), [&] {
+           mla_flash_wg_k<NOPE, VD>(q16.data(), kv.data(), dense.data(), tail.data(), map.data(), nw, &pos0, T, H, pshift,
+                                    lrows, sl2, out.data());
+         });
   const double err = rows_rel_diff(ref.data(), out.data(), T * H, VD);
-  CHECK(ok, "mla flash %d/%d, %d keys per tile: the emulated kernels deadlocked or do not fit", NOPE, VD, BN);
-  CHECK(err <= 1e-4, "mla flash nope %d vd %d BN %d H%d P%d K%d pos0 %d T%d: err %.3g > 1e-4", NOPE, VD, BN, H, P, K, pos0, T,
+  const char *kern = BN == 64 ? "mma.sync 64" : BN ? "mma.sync 32" : "wgmma 64  ";
+  CHECK(ok, "mla flash %d/%d, %s keys per tile: the emulated kernels deadlocked or do not fit", NOPE, VD, kern);
+  CHECK(err <= 1e-4, "mla flash nope %d vd %d %s H%d P%d K%d pos0 %d T%d: err %.3g > 1e-4", NOPE, VD, kern, H, P, K, pos0, T,
         err);
-  printf("mla flash (emulated) nope %-3d vd %-3d BN %d H%d P%d K%-2d pos0 %-3d T%-3d vs float64: err %.3g (tol 1e-4)\n", NOPE,
-         VD, BN, H, P, K, pos0, T, err);
+  printf("mla flash (emulated) nope %-3d vd %-3d %s H%d P%d K%-2d pos0 %-3d T%-3d vs float64: err %.3g (tol 1e-4)\n", NOPE,
+         VD, kern, H, P, K, pos0, T, err);
 }
 
 int main() {
@@ -120,5 +134,14 @@ int main() {
   flash_case<64, 32, 32>(1, 8, 4, 100, 40);
   flash_case<256, 256, 64>(1, 4, 16, 40, 30); /* the model's widths */
   flash_case<256, 256, 32>(1, 4, 16, 40, 30);
+  /* the warpgroup (wgmma) kernel: a block of 128 tokens whose second
+   * warpgroup has no rows (T 70), one where both have rows and the first
+   * stops a key tile earlier (pos0 100, T 150: keys over four tiles), pools
+   * of one row, the model's widths */
+  flash_case<64, 32, 0>(2, 4, 3, 0, 70);
+  flash_case<64, 32, 0>(1, 8, 4, 100, 150);
+  flash_case<64, 32, 0>(1, 1, 40, 100, 150); /* pools of one row: a key tile's pools span two bitmap words */
+  flash_case<256, 256, 0>(1, 4, 16, 40, 30);
+  flash_case<256, 256, 0>(1, 4, 16, 0, 200);
   TEST_DONE();
 }

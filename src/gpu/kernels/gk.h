@@ -357,6 +357,19 @@ int gk_mla_flash_fits(int nope, int vd, int P);
  * default), 32 or 64 */
 void gk_set_mla_flash_bn(int bn);
 int gk_mla_flash_bn(void);
+/* its warpgroup (wgmma) kernel, which takes precedence over the mma.sync
+ * one where it can run: gk_init records whether it can (a compute 9.0
+ * device and sm_90a device code: gk_mla_flash_wg_detect); -1 the
+ * environment (GLM53_GPU_MLA_FLASH_WG, default on), 0 off, 1 on. The
+ * query says whether it runs. */
+int gk_mla_flash_wg_detect(int cc_major, int cc_minor);
+void gk_set_mla_flash_wg(int on);
+int gk_mla_flash_wg(void);
+/* its two wgmma product forms alone (tests): D1 [64 x 64] = A . B, D2 [64
+ * x 32] = A . B[:, :32] for bf16 A [64 x 16], B [16 x 64] row-major (swap:
+ * the descriptors' LBO and SBO exchanged, a diagnostic); 1 when the device
+ * or build has no wgmma */
+int gk_wgmma_check(const uint16_t *A, const uint16_t *B, float *D1, float *D2, int swap);
 enum { GK_MLA_FP32 = 0, GK_MLA_TF32 = 1, GK_MLA_BF16X9 = 2, GK_MLA_BF16X3 = 3, GK_MLA_BF16X4 = 4, GK_MLA_NMATH = 5 };
 int gk_mla_math(void);
 void gk_set_mla_math(int mode);

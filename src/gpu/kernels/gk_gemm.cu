@@ -44,6 +44,7 @@ extern "C" int gk_init(gk_devinfo *info) {
 #endif
   GK_TRY(cudaMemGetInfo(&info->mem_free, &info->mem_total));
   pdl_detect(&p);
+  if (gk_mla_flash_wg_detect(p.major, p.minor)) return -1;
   if (gk_set_pdl_early(-1)) return -1;
 #if GK_HAVE_BLAS
   if (!g_blas_ok) {

@@ -35,6 +35,8 @@
 
 #if !GK_HIP
 #include "gk_mla_flash.cuh"
+#include "gk_wgmma.cuh"
+#include "gk_mla_flash_wg.cuh"
 
 template <int NOPE, int VD, int BN>
 static int mf_run(const uint16_t *Q16, const uint16_t *KV3, const int *dense, const int *tail, const uint32_t *map, int nw,
@@ -50,7 +52,110 @@ static int mf_run(const uint16_t *Q16, const uint16_t *KV3, const int *dense, co
             T, H, pshift, lrows, sl2, out);
   return GK_LAUNCHED("mla flash") ? -1 : 0;
 }
+
+template <int NOPE, int VD>
+static int mw_run(const uint16_t *Q16, const uint16_t *KV3, const int *dense, const int *tail, const uint32_t *map, int nw,
+                  const int *dpos, int T, int H, int pshift, int lrows, float sl2, float *out) {
+  using C = mw_cfg<NOPE, VD>;
+  static int attr;
+  if (!attr) {
+    GK_TRY(cudaFuncSetAttribute((const void *)mla_flash_wg_k<NOPE, VD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)C::smem));
+    attr = 1;
+  }
+  gk_launch(mla_flash_wg_k<NOPE, VD>, dim3((T + MW_BM - 1) / MW_BM, H), MW_THREADS, C::smem, Q16, KV3, dense, tail, map,
+            nw, dpos, T, H, pshift, lrows, sl2, out);
+  return GK_LAUNCHED("mla flash (wgmma)") ? -1 : 0;
+}
+
+/* The two product forms of the kernel alone, for tests/gpu: D1 [64 x 64] =
+ * A . B and D2 [64 x 32] = A . B[:, :32] (A [64 x 16], B [16 x 64] bf16,
+ * row-major), D1 with both operands K-major in shared memory (the scores),
+ * D2 with A in registers and B MN-major (the output products). swap != 0
+ * exchanges the descriptors' LBO and SBO (a diagnostic: the results are
+ * then expected to be wrong). */
+__global__ void mw_check_k(const uint16_t *A, const uint16_t *B, float *D1, float *D2, int swap) {
+#if MW_WGMMA
+  __shared__ __align__(16) uint16_t As[64 * 16], Bk[64 * 16], Bm[16 * 32];
+  const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  for (int i = tid; i < 64 * 16; i += 128) {
+    const int r = i / 16, k = i % 16; /* K-major: rows r (of A; of B^T: n), 8 x 16-byte core matrices, LBO 128, SBO 256 */
+    As[((r / 8) * 256 + (r % 8) * 16 + (k / 8) * 128 + (k % 8) * 2) / 2] = A[i];
+    Bk[((r / 8) * 256 + (r % 8) * 16 + (k / 8) * 128 + (k % 8) * 2) / 2] = B[k * 64 + r];
+  }
+  for (int i = tid; i < 16 * 32; i += 128) { /* MN-major: (k, n), LBO 128 (8 k), SBO 256 (8 n) */
+    const int k = i / 32, n = i % 32;
+    Bm[((n / 8) * 256 + (n % 8) * 2 + (k / 8) * 128 + (k % 8) * 16) / 2] = B[k * 64 + n];
+  }
+  mw_proxy_fence();
+  __syncthreads();
+  float d1[32], d2[16];
+  for (int i = 0; i < 32; i++) d1[i] = 0.f;
+  for (int i = 0; i < 16; i++) d2[i] = 0.f;
+  const int r0 = 16 * w + g;
+  uint32_t a[4];
+  for (int q = 0; q < 4; q++) { /* the mma.sync A fragment of rows r0, r0 + 8 */
+    const int r = r0 + 8 * (q & 1), k = 2 * t4 + 8 * (q >> 1);
+    a[q] = (uint32_t)A[r * 16 + k] | (uint32_t)A[r * 16 + k + 1] << 16;
+  }
+  const uint32_t lbo = swap ? 256 : 128, sbo = swap ? 128 : 256;
+  mw_fence();
+  mw_ss_n64(d1, mw_desc(As, lbo, sbo), mw_desc(Bk, lbo, sbo), 0);
+  mw_rs_n32(d2, a, mw_desc(Bm, lbo, sbo));
+  mw_commit();
+  mw_wait0();
+  for (int i = 0; i < 32; i++) mw_keep(d1[i]);
+  for (int i = 0; i < 16; i++) mw_keep(d2[i]);
+  for (int i = 0; i < 8; i++)
+    for (int e = 0; e < 4; e++) {
+      const int r = r0 + 8 * (e >> 1), n = 8 * i + 2 * t4 + (e & 1);
+      D1[r * 64 + n] = d1[4 * i + e];
+      if (i < 4) D2[r * 32 + n] = d2[4 * i + e];
+    }
+#else
+  (void)A; (void)B; (void)D1; (void)D2; (void)swap;
 #endif
+}
+
+/* whether this module's device code has the wgmma instructions (sm_90a):
+ * the runtime picked one image of the module for the device, and this
+ * kernel reports which */
+__global__ void mw_probe_k(int *has) { *has = MW_WGMMA; }
+#endif
+
+static int g_wg_avail; /* the warpgroup kernel can run on this device (gk_mla_flash_wg_detect) */
+static int g_wg = -1;  /* GLM53_GPU_MLA_FLASH_WG=0: the mma.sync kernel */
+extern "C" int gk_mla_flash_wg_detect(int cc_major, int cc_minor) {
+  g_wg_avail = 0;
+#if !GK_HIP
+  if (cc_major != 9 || cc_minor != 0) return 0; /* wgmma is Hopper's (sm_90a code runs on 9.0 only) */
+  int *d = NULL, has = 0;
+  if (cudaMalloc((void **)&d, sizeof(int)) != cudaSuccess) return gk_fail("mla flash probe: %s", cudaGetErrorString(cudaGetLastError()));
+  mw_probe_k<<<1, 1>>>(d);
+  cudaError_t e = cudaMemcpy(&has, d, sizeof(int), cudaMemcpyDeviceToHost);
+  cudaFree(d);
+  if (e != cudaSuccess) return gk_fail("mla flash probe: %s", cudaGetErrorString(e));
+  g_wg_avail = has;
+#else
+  (void)cc_major; (void)cc_minor;
+#endif
+  return 0;
+}
+extern "C" int gk_wgmma_check(const uint16_t *A, const uint16_t *B, float *D1, float *D2, int swap) {
+#if !GK_HIP
+  if (!g_wg_avail) return 1;
+  mw_check_k<<<1, 128>>>(A, B, D1, D2, swap);
+  return GK_LAUNCHED("wgmma check") ? -1 : 0;
+#else
+  (void)A; (void)B; (void)D1; (void)D2; (void)swap;
+  return 1;
+#endif
+}
+extern "C" void gk_set_mla_flash_wg(int on) { g_wg = on < 0 ? -1 : !!on; }
+extern "C" int gk_mla_flash_wg(void) {
+  if (g_wg < 0) g_wg = !(getenv("GLM53_GPU_MLA_FLASH_WG") && !strcmp(getenv("GLM53_GPU_MLA_FLASH_WG"), "0"));
+  return g_wg && g_wg_avail;
+}
 
 static int g_flash = -1; /* GLM53_GPU_MLA_FLASH=0: the GEMM form */
 static int g_flash_bn = -1; /* GLM53_GPU_MLA_FLASH_BN: keys per tile, 32 or 64 */
@@ -84,10 +189,13 @@ int gk_mla_flash(const uint16_t *Q16, const uint16_t *KV3, const int *dense, con
   if (GK_LAUNCHED("mla flash selection map")) return -1;
   const float sl2 = scale * 1.4426950408889634f;
 #define MF_RUN(N, V, B) mf_run<N, V, B>(Q16, KV3, dense, tail, map, nw, dpos, T, H, pshift, lrows, sl2, out)
+#define MW_RUN(N, V) mw_run<N, V>(Q16, KV3, dense, tail, map, nw, dpos, T, H, pshift, lrows, sl2, out)
+  if (gk_mla_flash_wg()) return nope == 256 ? MW_RUN(256, 256) : MW_RUN(64, 32);
   const int bn = gk_mla_flash_bn();
   if (nope == 256) return bn == 32 ? MF_RUN(256, 256, 32) : MF_RUN(256, 256, 64);
   return bn == 32 ? MF_RUN(64, 32, 32) : MF_RUN(64, 32, 64);
 #undef MF_RUN
+#undef MW_RUN
 #endif
 }
 

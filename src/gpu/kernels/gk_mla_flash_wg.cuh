@@ -1,0 +1,210 @@
+/* The fused (flash) attention of the per-head MLA form on Hopper's
+ * warpgroup products (wgmma, sm_90a): the same arithmetic and selection as
+ * mla_flash_k (gk_mla_flash.cuh: scores q . (K hi + K lo), output P hi .
+ * V hi + P lo . V hi + P hi . V lo, online base-2 softmax, the per-token
+ * pool bitmap), a different division of the work:
+ *
+ * - a block of two warpgroups takes 128 tokens of one head, a warpgroup 64
+ *   of them and a warp 16, so every row's scores, maximum and sum stay in
+ *   one quad of lanes (no exchange between warps);
+ * - key tiles of 64 rows. The scores are 2 NOPE / 16 products m64n64k16
+ *   with q and K hi | lo both read by the tensor cores from shared memory
+ *   (q's descriptors reused for the K lo half); the output is 3 x 4
+ *   products m64n{VD}k16 with the probabilities as register A operands (the
+ *   score accumulators turned into bf16 hi and lo fragments in place, as
+ *   FlashAttention-3 does) and V hi / V lo read transposed from shared
+ *   memory. The mma.sync kernel reads every K and V fragment once per 16
+ *   rows through ldmatrix; here once per 64 rows, and half the K / V bytes
+ *   per (token, key) are copied;
+ * - q (128 rows), one K tile and one V tile in shared memory (214 KB at the
+ *   model's widths, one block per SM): the V tile loads (cp.async) while the
+ *   scores run, the next K tile while the output products run.
+ *
+ * Measured only 2-7% faster than the mma.sync kernel end to end (H200,
+ * H100; docs/gpu.md, twelfth session): neither kernel is bound by the
+ * tensor cores' rate, and what bounds them is not yet known.
+ *
+ * Shared layouts: gk_wgmma.cuh's no-swizzle core matrices, padded (mw_cfg).
+ * The includer provides
+ * gk_device.cuh (bf16_bits), gk_wgmma.cuh, gk_mla_flash.cuh (mf_cp16,
+ * mf_commit, mf_wait_all, mf_split), __shfl_xor_sync and GK_PDL_BEGIN. */
+#ifndef GLM53_GPU_GK_MLA_FLASH_WG_CUH
+#define GLM53_GPU_GK_MLA_FLASH_WG_CUH
+
+#define MW_BM 128 /* tokens per block: two warpgroups of 64 */
+#define MW_BN 64  /* keys per tile */
+#define MW_THREADS 256
+
+/* Shared layouts (bytes). q and K are K-major: the core matrix (8 rows,
+ * 16-byte chunk c) at (row / 8) * SBO + c * 144 + (row % 8) * 16, LBO =
+ * 144 (not 128: the 16-byte pad puts 8 consecutive chunks of one row in
+ * different banks, so a warp's copy of 512 contiguous bytes of a row
+ * writes without conflicts), SBO = chunks * 144. V is MN-major: (key n,
+ * chunk c) at c * 1040 + n * 16 (LBO 128: 8 keys; SBO 1040 = 64 keys + a
+ * 16-byte pad, for the same reason). */
+template <int NOPE, int VD> struct mw_cfg {
+  static constexpr int QCH = NOPE / 8, KCH = 2 * NOPE / 8, VCH = 2 * VD / 8; /* 16-byte chunks per row */
+  static constexpr int LBO = 144, QSBO = QCH * LBO, KSBO = KCH * LBO, VSBO = MW_BN * 16 + 16;
+  static constexpr int QB = MW_BM / 8 * QSBO, KB = MW_BN / 8 * KSBO, VB = VCH * VSBO;
+  static constexpr size_t smem = (size_t)QB + KB + VB;
+};
+
+template <int VD> __device__ __forceinline__ void mw_rs(float *d, const uint32_t *a, uint64_t db);
+template <> __device__ __forceinline__ void mw_rs<256>(float *d, const uint32_t *a, uint64_t db) { mw_rs_n256(d, a, db); }
+template <> __device__ __forceinline__ void mw_rs<32>(float *d, const uint32_t *a, uint64_t db) { mw_rs_n32(d, a, db); }
+
+/* out[t][h][VD]: as mla_flash_k (same arguments); grid ((T + 127) / 128, H) */
+template <int NOPE, int VD>
+__global__ void __launch_bounds__(MW_THREADS, 1)
+    mla_flash_wg_k(const uint16_t *Q16, const uint16_t *KV3, const int *dense, const int *tail, const uint32_t *map, int nw,
+                   const int *dpos, int T, int H, int pshift, int lrows, float sl2, float *out) {
+  GK_PDL_BEGIN();
+#if MW_WGMMA
+  using C = mw_cfg<NOPE, VD>;
+  GK_DYN_SMEM(uint4, mw_sm);
+  char *const Qs = (char *)mw_sm, *const Ks = Qs + C::QB, *const Vs = Ks + C::KB;
+  const int ntile = (T + MW_BM - 1) / MW_BM, tA = (ntile - 1 - (int)blockIdx.x) * MW_BM, h = blockIdx.y;
+  const int tid = threadIdx.x, wg = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int pos0 = *dpos, ldh = 2 * (NOPE + VD);
+  const int nkt = (pos0 + min(tA + MW_BM, T) - 1) / MW_BN + 1;
+  /* this warpgroup's rows: none past T (then it only helps load), the last
+   * position it attends from (later key tiles are skipped) */
+  const int wt0 = tA + 64 * wg, wlast = wt0 < T ? pos0 + min(wt0 + 63, T - 1) : -1;
+  int rpos[2], rden[2], rtail[2];
+  const uint32_t *rmap[2];
+#pragma unroll
+  for (int e = 0; e < 2; e++) {
+    const int t = wt0 + 16 * w + g + 8 * e, ok = t < T;
+    rpos[e] = ok ? pos0 + t : -1;
+    rden[e] = ok ? dense[t] : 1;
+    rtail[e] = ok ? tail[t] : 0;
+    rmap[e] = map + (size_t)(ok ? t : 0) * nw;
+  }
+  /* copies: consecutive threads take consecutive 16-byte chunks of a row */
+  for (int i = tid; i < MW_BM * C::QCH; i += MW_THREADS) {
+    const int r = i / C::QCH, c = i % C::QCH, t = tA + r;
+    mf_cp16(Qs + (r >> 3) * C::QSBO + c * C::LBO + (r & 7) * 16, Q16 + ((size_t)(t < T ? t : 0) * H + h) * NOPE + c * 8,
+            t < T);
+  }
+  auto load_k = [&](int j) {
+    for (int i = tid; i < MW_BN * C::KCH; i += MW_THREADS) {
+      const int r = i / C::KCH, c = i % C::KCH, n = j * MW_BN + r;
+      mf_cp16(Ks + (r >> 3) * C::KSBO + c * C::LBO + (r & 7) * 16, KV3 + ((size_t)(n < lrows ? n : 0) * H + h) * ldh + c * 8,
+              n < lrows);
+    }
+  };
+  auto load_v = [&](int j) {
+    for (int i = tid; i < MW_BN * C::VCH; i += MW_THREADS) {
+      const int r = i / C::VCH, c = i % C::VCH, n = j * MW_BN + r;
+      mf_cp16(Vs + c * C::VSBO + r * 16, KV3 + ((size_t)(n < lrows ? n : 0) * H + h) * ldh + 2 * NOPE + c * 8, n < lrows);
+    }
+  };
+  /* descriptors: q of this warpgroup (k step 0), K (k step 0), V hi and lo (key step 0) */
+  const uint64_t dq = mw_desc(Qs + 8 * wg * C::QSBO, C::LBO, C::QSBO), dk = mw_desc(Ks, C::LBO, C::KSBO);
+  const uint64_t dvh = mw_desc(Vs, 128, C::VSBO), dvl = mw_desc(Vs + (VD / 8) * C::VSBO, 128, C::VSBO);
+  float o[VD / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < VD / 2; i++) o[i] = 0.f;
+  load_k(0);
+  mf_commit();
+  for (int j = 0; j < nkt; j++) {
+    const bool act = j * MW_BN <= wlast; /* uniform over the warpgroup */
+    mf_wait_all();
+    mw_proxy_fence();
+    __syncthreads(); /* K tile j (and q) in; both warpgroups done with V tile j - 1 */
+    load_v(j);
+    mf_commit();
+    uint32_t ph[MW_BN / 16][4], pl[MW_BN / 16][4];
+    if (act) {
+      float s[MW_BN / 2];
+#pragma unroll
+      for (int i = 0; i < MW_BN / 2; i++) s[i] = 0.f;
+      mw_fence();
+#pragma unroll
+      for (int kk = 0; kk < 2 * NOPE / 16; kk++) /* in 16-byte units: a k step is 2 chunks = 2 LBO bytes */
+        mw_ss_n64(s, dq + (uint64_t)((kk % (NOPE / 16)) * 2 * C::LBO / 16), dk + (uint64_t)(kk * 2 * C::LBO / 16), kk > 0);
+      mw_commit();
+      mw_wait0();
+#pragma unroll
+      for (int i = 0; i < MW_BN / 2; i++) mw_keep(s[i]);
+      /* mask and online softmax per row (the quad holds the row's 64 keys) */
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        const bool all = rden[e] || j * MW_BN >= rtail[e]; /* no pool lookups in this tile */
+        /* the tile's pools lie in two consecutive bitmap words (one unless P = 1) */
+        const int w0 = (j * MW_BN) >> pshift >> 5;
+        const uint32_t m0 = all ? 0u : __ldg(rmap[e] + w0), m1 = all || w0 + 1 >= nw ? 0u : __ldg(rmap[e] + w0 + 1);
+        float tmax = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < MW_BN / 8; i++)
+#pragma unroll
+          for (int c = 0; c < 2; c++) {
+            const int n = j * MW_BN + 8 * i + 2 * t4 + c, p = n >> pshift;
+            const bool sel = n <= rpos[e] && (all || n >= rtail[e] || (((p >> 5) == w0 ? m0 : m1) >> (p & 31) & 1));
+            const float v = sel ? s[4 * i + 2 * e + c] * sl2 : -INFINITY;
+            s[4 * i + 2 * e + c] = v;
+            tmax = fmaxf(tmax, v);
+          }
+        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+        const float mn = fmaxf(m[e], tmax), mu = mn == -INFINITY ? 0.f : mn, alpha = exp2f(m[e] - mu);
+        float sum = 0.f;
+#pragma unroll
+        for (int i = 0; i < MW_BN / 8; i++) {
+          const float p0 = exp2f(s[4 * i + 2 * e] - mu), p1 = exp2f(s[4 * i + 2 * e + 1] - mu);
+          sum += p0;
+          sum += p1;
+          /* A fragment of key step i / 2: a[e] (keys 0-7 of the step) or a[2 + e] (keys 8-15) */
+          mf_split(p0, p1, &ph[i >> 1][2 * (i & 1) + e], &pl[i >> 1][2 * (i & 1) + e]);
+        }
+        l[e] = l[e] * alpha + sum;
+        m[e] = mn;
+        if (alpha != 1.f) /* once the row's maximum settles, most tiles: x 1 is exact, skip it */
+#pragma unroll
+          for (int i = 0; i < VD / 8; i++) {
+            o[4 * i + 2 * e] *= alpha;
+            o[4 * i + 2 * e + 1] *= alpha;
+          }
+      }
+    }
+    mf_wait_all();
+    mw_proxy_fence();
+    __syncthreads(); /* V tile j in; both warpgroups done with K tile j */
+    if (j + 1 < nkt) {
+      load_k(j + 1);
+      mf_commit();
+    }
+    if (act) {
+      mw_fence();
+#pragma unroll
+      for (int kv = 0; kv < MW_BN / 16; kv++) { /* a key step: 16 keys = 2 core matrices = 256 bytes */
+        mw_rs<VD>(o, ph[kv], dvh + (uint64_t)(kv * 16));
+        mw_rs<VD>(o, pl[kv], dvh + (uint64_t)(kv * 16));
+        mw_rs<VD>(o, ph[kv], dvl + (uint64_t)(kv * 16));
+      }
+      mw_commit();
+      mw_wait0();
+#pragma unroll
+      for (int i = 0; i < VD / 2; i++) mw_keep(o[i]);
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < 2; e++) {
+    float z = l[e];
+    z += __shfl_xor_sync(0xffffffffu, z, 1);
+    z += __shfl_xor_sync(0xffffffffu, z, 2);
+    const int t = wt0 + 16 * w + g + 8 * e;
+    const float inv = z > 0 ? 1.0f / z : 0.f;
+    if (t >= T) continue;
+    float *dst = out + ((size_t)t * H + h) * VD + 2 * t4;
+#pragma unroll
+    for (int i = 0; i < VD / 8; i++) *(float2 *)(dst + 8 * i) = make_float2(o[4 * i + 2 * e] * inv, o[4 * i + 2 * e + 1] * inv);
+  }
+#else
+  (void)Q16; (void)KV3; (void)dense; (void)tail; (void)map; (void)nw; (void)dpos; (void)T; (void)H; (void)pshift;
+  (void)lrows; (void)sl2; (void)out;
+  __trap(); /* not built for sm_90a: the host never launches it (gk_mla_flash_wg_available) */
+#endif
+}
+
+#endif

@@ -1,0 +1,105 @@
+/* Hopper warpgroup matrix products (wgmma, sm_90a) for the kernels that use
+ * them, and their host stand-ins for the CUDA emulator (GK_EMU: the
+ * products computed at issue from the same shared-memory descriptors and
+ * register fragments, tests/emu/cuda_emu.h emu_wgmma). Operands are bf16,
+ * accumulators fp32. Shared-memory operands use the no-swizzle
+ * ("interleave") canonical layout of the PTX ISA: 8 x 16-byte core
+ * matrices, each 128 contiguous bytes (its 8 rows 16 bytes apart); LBO is
+ * the byte distance between core matrices adjacent along K, SBO along M or
+ * N. For a K-major operand a core matrix's rows are M/N indices and its 16
+ * bytes 8 consecutive k; for an MN-major (transposed) one its rows are k and
+ * its 16 bytes 8 consecutive n. The accumulator fragment of warp w of the
+ * warpgroup is the mma.sync m16n8 C fragment of rows 16 w .. 16 w + 15, one
+ * per 8 columns (d[4 i .. 4 i + 3]: rows g, g, g + 8, g + 8, columns 8 i +
+ * 2 t, + 1); a register A operand is the mma.sync m16n8k16 A fragment of
+ * the same rows. MW_WGMMA says whether this compilation has the
+ * instructions (sm_90a device code, or the emulator). */
+#ifndef GLM53_GPU_GK_WGMMA_CUH
+#define GLM53_GPU_GK_WGMMA_CUH
+
+#if defined(GK_EMU) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MW_WGMMA 1
+#else
+#define MW_WGMMA 0
+#endif
+
+/* a shared-memory descriptor: no swizzle, base offset 0 (16-byte aligned
+ * start, lbo and sbo in bytes) */
+__device__ __forceinline__ uint64_t mw_desc(const void *sm, uint32_t lbo, uint32_t sbo) {
+#ifdef GK_EMU
+  const uint32_t a = (uint32_t)((const char *)sm - (const char *)emu_smem_buf);
+#else
+  const uint32_t a = (uint32_t)__cvta_generic_to_shared(sm);
+#endif
+  return (uint64_t)((a & 0x3ffffu) >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(sbo >> 4) << 32;
+}
+
+#ifdef GK_EMU
+#define mw_fence() do { } while (0)
+#define mw_commit() do { } while (0)
+#define mw_wait0() do { } while (0)
+#define mw_proxy_fence() do { } while (0)
+#define mw_keep(x) do { } while (0)
+__device__ __forceinline__ void mw_ss_n64(float *d, uint64_t da, uint64_t db, int acc) { emu_wgmma(d, 64, nullptr, da, db, false, acc); }
+__device__ __forceinline__ void mw_rs_n256(float *d, const uint32_t *a, uint64_t db) { emu_wgmma(d, 256, a, 0, db, true, 1); }
+__device__ __forceinline__ void mw_rs_n32(float *d, const uint32_t *a, uint64_t db) { emu_wgmma(d, 32, a, 0, db, true, 1); }
+#elif MW_WGMMA
+/* before the first product of a batch: orders the warpgroup's register
+ * writes (accumulators, A fragments) before the asynchronous products */
+__device__ __forceinline__ void mw_fence(void) { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void mw_commit(void) { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void mw_wait0(void) { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+/* shared memory written by ordinary stores or cp.async, read next by the
+ * tensor cores (the async proxy): in each writer, before the barrier */
+__device__ __forceinline__ void mw_proxy_fence(void) { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+/* keeps the compiler from moving an accumulator across the wait */
+#define mw_keep(x) asm volatile("" : "+f"(x)::"memory")
+#define MW_F8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+/* d[64 x 64] (acc: +)= A[64 x 16] . B[16 x 64], both K-major in shared memory */
+__device__ __forceinline__ void mw_ss_n64(float *d, uint64_t da, uint64_t db, int acc) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
+               "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 "
+               "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+               : MW_F8(0), MW_F8(8), MW_F8(16), MW_F8(24)
+               : "l"(da), "l"(db), "r"(acc));
+}
+/* d[64 x 256] += A[64 x 16] . B[16 x 256]: A in registers, B MN-major in shared memory */
+__device__ __forceinline__ void mw_rs_n256(float *d, const uint32_t *a, uint64_t db) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
+               "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "
+               "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, "
+               "%59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, "
+               "%78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, "
+               "%97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, "
+               "%113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127 "
+               "}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
+               : MW_F8(0), MW_F8(8), MW_F8(16), MW_F8(24), MW_F8(32), MW_F8(40), MW_F8(48), MW_F8(56),
+                 MW_F8(64), MW_F8(72), MW_F8(80), MW_F8(88), MW_F8(96), MW_F8(104), MW_F8(112), MW_F8(120)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+/* d[64 x 32] += A[64 x 16] . B[16 x 32]: A in registers, B MN-major in shared memory */
+__device__ __forceinline__ void mw_rs_n32(float *d, const uint32_t *a, uint64_t db) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15 "
+               "}, {%16, %17, %18, %19}, %20, p, 1, 1, 1;\n}\n"
+               : MW_F8(0), MW_F8(8)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+#undef MW_F8
+#else /* the host pass, or device code without the instructions: never called there (kernels test MW_WGMMA) */
+__device__ __forceinline__ void mw_fence(void) {}
+__device__ __forceinline__ void mw_commit(void) {}
+__device__ __forceinline__ void mw_wait0(void) {}
+__device__ __forceinline__ void mw_proxy_fence(void) {}
+#define mw_keep(x) do { } while (0)
+__device__ __forceinline__ void mw_ss_n64(float *, uint64_t, uint64_t, int) {}
+__device__ __forceinline__ void mw_rs_n256(float *, const uint32_t *, uint64_t) {}
+__device__ __forceinline__ void mw_rs_n32(float *, const uint32_t *, uint64_t) {}
+#endif
+
+#endif
