@@ -20,9 +20,9 @@
  *   model's widths, one block per SM): the V tile loads (cp.async) while the
  *   scores run, the next K tile while the output products run.
  *
- * Measured only 2-7% faster than the mma.sync kernel end to end (H200,
- * H100; docs/gpu.md, twelfth session): neither kernel is bound by the
- * tensor cores' rate, and what bounds them is not yet known.
+ * Measured about as fast as the mma.sync kernel (1-2% faster end to end
+ * on an H200 and an H100; docs/gpu.md, twelfth session): neither kernel is
+ * bound by the tensor cores' rate, and what bounds them is not yet known.
  *
  * Shared layouts: gk_wgmma.cuh's no-swizzle core matrices, padded (mw_cfg).
  * The includer provides
