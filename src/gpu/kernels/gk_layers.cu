@@ -504,10 +504,7 @@ extern "C" int gk_mhc_post_proj(float *X, const float *a, const float *eo, const
 __device__ __forceinline__ float moe_sum(float acc, const float *eo, const int *erow, const int *idx, const float *wt, int t,
                                          int k, int D, int d) {
   const int *id = idx + (size_t)t * k;
-  for (int r = 0, last = -1; r < k; r++) {
-    const int best = moe_next(id, k, last);
-    if (best < 0) break;
-    last = id[best];
+  for (int last = -1, best; (best = moe_next(id, k, &last)) >= 0;) {
     const size_t p = (size_t)t * k + best;
     acc += wt[p] * eo[(erow ? (size_t)erow[p] : p) * D + d];
   }

@@ -7,12 +7,14 @@
 #define GLM53_GPU_GK_MHC_POST_CUH
 
 /* the combine's order (moe_sum, the fused post): the first of the k pairs
- * id[] with the smallest expert id above last, -1 when none (so starting
- * from last = -1 each distinct id >= 0 is visited once, ascending) */
-__device__ __forceinline__ int moe_next(const int *id, int k, int last) {
+ * id[] with the smallest expert id above *last, which becomes that id; -1
+ * when none (so starting from *last = -1 each distinct id >= 0 is visited
+ * once, ascending) */
+__device__ __forceinline__ int moe_next(const int *id, int k, int *last) {
   int best = -1;
   for (int j = 0; j < k; j++)
-    if (id[j] > last && (best < 0 || id[j] < id[best])) best = j;
+    if (id[j] > *last && (best < 0 || id[j] < id[best])) best = j;
+  if (best >= 0) *last = id[best];
   return best;
 }
 /* y += w e: one routed expert's output, added in ascending expert id */

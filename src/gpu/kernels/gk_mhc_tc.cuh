@@ -191,10 +191,7 @@ __global__ void __launch_bounds__(128, 3) mhc_post_proj_tc_k(float *X, const flo
     int cnt = 0;
     if (t < T) {
       const int *id = idx + (size_t)t * k;
-      for (int r = 0, last = -1; r < k; r++) {
-        const int best = moe_next(id, k, last);
-        if (best < 0) break;
-        last = id[best];
+      for (int last = -1, best; (best = moe_next(id, k, &last)) >= 0;) {
         const size_t p = (size_t)t * k + best;
         mw[tid][cnt] = wt[p];
         mr[tid][cnt] = erow ? erow[p] : (int)p;
