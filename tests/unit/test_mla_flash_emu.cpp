@@ -35,8 +35,9 @@ static float rf() { return (float)((rnd() >> 11) * (2.0 / 9007199254740992.0) - 
 static float bf(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 
 /* BN 32 or 64: mla_flash_k with that many keys per tile; BN 0: the
- * warpgroup kernel mla_flash_wg_k (64 keys per tile, 128 tokens per block) */
-template <int NOPE, int VD, int BN> static void flash_case(int H, int P, int K, int pos0, int T) {
+ * warpgroup kernel mla_flash_wg_k (64 keys per tile, 128 tokens per block;
+ * its blocks in groups of hg heads) */
+template <int NOPE, int VD, int BN> static void flash_case(int H, int P, int K, int pos0, int T, int hg = 1) {
   const int ctx = pos0 + T, lrows = (ctx + 7) / 8 * 8, ldh = 2 * (NOPE + VD);
   int pshift = 0;
   while ((1 << pshift) < P) pshift++;
@@ -113,17 +114,17 @@ template <int NOPE, int VD, int BN> static void flash_case(int H, int P, int K, 
                                                pshift, lrows, sl2, out.data());
          });
   else
-    ok = ok && emu_launch(dim3((T + MW_BM - 1) / MW_BM, H), dim3(MW_THREADS), [&] {
+    ok = ok && emu_launch(dim3((T + MW_BM - 1) / MW_BM * H), dim3(MW_THREADS), [&] {
            mla_flash_wg_k<NOPE, VD>(q16.data(), kv.data(), dense.data(), tail.data(), map.data(), nw, &pos0, T, H, pshift,
-                                    lrows, sl2, out.data());
+                                    lrows, sl2, hg, out.data());
          });
   const double err = rows_rel_diff(ref.data(), out.data(), T * H, VD);
   const char *kern = BN == 64 ? "mma.sync 64" : BN ? "mma.sync 32" : "wgmma 64  ";
   CHECK(ok, "mla flash %d/%d, %s keys per tile: the emulated kernels deadlocked or do not fit", NOPE, VD, kern);
-  CHECK(err <= 1e-4, "mla flash nope %d vd %d %s H%d P%d K%d pos0 %d T%d: err %.3g > 1e-4", NOPE, VD, kern, H, P, K, pos0, T,
-        err);
-  printf("mla flash (emulated) nope %-3d vd %-3d %s H%d P%d K%-2d pos0 %-3d T%-3d vs float64: err %.3g (tol 1e-4)\n", NOPE,
-         VD, kern, H, P, K, pos0, T, err);
+  CHECK(err <= 1e-4, "mla flash nope %d vd %d %s H%d/%d P%d K%d pos0 %d T%d: err %.3g > 1e-4", NOPE, VD, kern, H, hg, P, K,
+        pos0, T, err);
+  printf("mla flash (emulated) nope %-3d vd %-3d %s H%d/%d P%d K%-2d pos0 %-3d T%-3d vs float64: err %.3g (tol 1e-4)\n", NOPE,
+         VD, kern, H, hg, P, K, pos0, T, err);
 }
 
 int main() {
@@ -132,6 +133,8 @@ int main() {
   flash_case<64, 32, 32>(2, 4, 3, 0, 70);
   flash_case<64, 32, 64>(1, 8, 4, 100, 40); /* a later chunk: keys over three tiles, a partial row of pools */
   flash_case<64, 32, 32>(1, 8, 4, 100, 40);
+  flash_case<64, 32, 32>(1, 2, 30, 100, 40); /* pools of 2 and 16 rows: the pool bit per 8 keys of an edge-free tile */
+  flash_case<64, 32, 64>(1, 16, 3, 100, 40);
   flash_case<256, 256, 64>(1, 4, 16, 40, 30); /* the model's widths */
   flash_case<256, 256, 32>(1, 4, 16, 40, 30);
   /* the warpgroup (wgmma) kernel: a block of 128 tokens whose second
@@ -139,8 +142,13 @@ int main() {
    * stops a key tile earlier (pos0 100, T 150: keys over four tiles), pools
    * of one row, the model's widths */
   flash_case<64, 32, 0>(2, 4, 3, 0, 70);
+  flash_case<64, 32, 0>(2, 4, 3, 100, 150, 2); /* blocks ordered in groups of 2 heads */
   flash_case<64, 32, 0>(1, 8, 4, 100, 150);
   flash_case<64, 32, 0>(1, 1, 40, 100, 150); /* pools of one row: a key tile's pools span two bitmap words */
+  /* the tiles without a causal or tail edge take each pool's bit from one
+   * word: pools of 2 rows (a tile's 32 pools fill the word), of 16 (4 per tile) */
+  flash_case<64, 32, 0>(1, 2, 30, 100, 150);
+  flash_case<64, 32, 0>(1, 16, 3, 100, 150);
   flash_case<256, 256, 0>(1, 4, 16, 40, 30);
   flash_case<256, 256, 0>(1, 4, 16, 0, 200);
   TEST_DONE();

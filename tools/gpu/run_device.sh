@@ -6,7 +6,9 @@
 #         kernel, forward and batch tests, selection/fallback with a device
 #         present, the CLI cross-checks (quality --compare-backends, greedy
 #         run on gpu vs cpu vs streamed experts);
-#  bench: the GEMV and KDA-recurrence microbenchmarks, the full-dimension model (45 layers bf16
+#  bench: the GEMV, KDA-recurrence and fused-MLA microbenchmarks (NCU=1:
+#         ncu on one launch of the warpgroup MLA kernel, NCU_SECTIONS its
+#         sections instead of --set full), the full-dimension model (45 layers bf16
 #         and Q4, the 6-layer streamed-expert sweep), each GEMV/Q4 run again
 #         without x staging, a per-stage profile (GLM53_GPU_PROFILE=1), a
 #         per-operation profile (GLM53_GPU_KPROF=1), and batch scaling.
@@ -65,6 +67,19 @@ fi
 if [ "$PART" != tests ]; then
   have gpu_gemv && step gpu_gemv 90 env "$D/gpu_gemv"
   have gpu_kda && step gpu_kda 60 env "$D/gpu_kda"
+  have gpu_mla && step gpu_mla 60 env "$D/gpu_mla"
+  # the profiler on one launch of the warpgroup MLA kernel (NCU=1; report
+  # and SASS under $NCU_OUT when set)
+  NCU_BIN=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+  if [ "${NCU:-0}" = 1 ] && [ -n "$NCU_BIN" ] && have gpu_mla; then
+    R=${NCU_OUT:-/tmp}/mla_wg
+    step ncu_mla 300 "$NCU_BIN" --clock-control none --kernel-name regex:mla_flash_wg --launch-skip 2 --launch-count 1 \
+      ${NCU_SECTIONS:---set full} --import-source no -f -o "$R" "$D/gpu_mla" 4096 0
+    step ncu_mla.details 60 "$NCU_BIN" -i "$R.ncu-rep" --page details
+    step ncu_mla.source 60 sh -c "'$NCU_BIN' -i '$R.ncu-rep' --page source --csv --print-source sass > '$R.sass.csv'"
+    CUOBJ=$(command -v cuobjdump || ls /usr/local/cuda*/bin/cuobjdump 2>/dev/null | head -1)
+    [ -n "$CUOBJ" ] && step sass_mla 60 sh -c "'$CUOBJ' -sass '$D/gpu_mla' | awk '/Function :/{p = /mla_flash_wg_kILi256ELi256ELi0E/} p' > '$R.sass.txt'; grep -c GMMA '$R.sass.txt'"
+  fi
   step gpu_decode.bf16 240 env "$D/gpu_decode" "$E_BF16" 16 bf16 45
   step gpu_decode.q4 80 env "$D/gpu_decode" 64 16 q4 45
   step gpu_decode.stream 60 env "$D/gpu_decode" 32 12 stream

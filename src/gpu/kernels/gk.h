@@ -370,6 +370,24 @@ int gk_mla_flash_wg(void);
  * the descriptors' LBO and SBO exchanged, a diagnostic); 1 when the device
  * or build has no wgmma */
 int gk_wgmma_check(const uint16_t *A, const uint16_t *B, float *D1, float *D2, int swap);
+/* the fused kernel alone (gk_mla_mha_gemm calls it; bench/gpu/gpu_mla.c
+ * times it): the words per token of its selection bitmap, and the launch
+ * (Q16 [T][H][nope] bf16; KV3 rows [n][h][K hi, K lo, V hi, V lo] bf16,
+ * lrows of them; map T x map_words scratch; out [T][H][vd]): 0, -1 on
+ * error, 1 when it does not apply */
+int gk_mla_flash_map_words(int lrows, int P);
+int gk_mla_flash(const uint16_t *Q16, const uint16_t *KV3, const int *dense, const int *npools, const int *tail,
+                 const int *pools, int K, const int *dpos, int T, int H, int nope, int vd, int P, int lrows, float scale,
+                 uint32_t *map, float *out);
+/* timing diagnostics of the warpgroup kernel (bench only; its results are
+ * then wrong): MW_DG_* bits of stages to leave out (gk_mla_flash_wg.cuh),
+ * 0 none; -1 for a combination not compiled in */
+int gk_set_mla_flash_wg_diag(int dg);
+/* its block order: groups of hg heads (hg dividing H, else 1), each
+ * group's token tiles for its heads in turn; -1 the environment
+ * (GLM53_GPU_MLA_FLASH_HG, default 1) */
+void gk_set_mla_flash_wg_hg(int hg);
+int gk_mla_flash_wg_hg(void);
 enum { GK_MLA_FP32 = 0, GK_MLA_TF32 = 1, GK_MLA_BF16X9 = 2, GK_MLA_BF16X3 = 3, GK_MLA_BF16X4 = 4, GK_MLA_NMATH = 5 };
 int gk_mla_math(void);
 void gk_set_mla_math(int mode);

@@ -30,14 +30,6 @@ void *gk_scratch_grow(gk_scratch *s, size_t n);
 cublasHandle_t gk_blas_handle(void);
 void gk_dequant_bf16(const gpu_mat *W, __nv_bfloat16 *out);
 #endif
-/* gk_mla_flash.cu: the fused attention of the per-head MLA form
- * (gk_mla_mha_gemm; gk_mla_flash_fits in gk.h): the words per token of its selection bitmap, and the launch (Q16 [T][H][nope]
- * bf16, KV3 the GEMM form's rows, map T x map_words scratch, out
- * [T][H][vd]): 0, -1 on error, 1 when it does not apply */
-int gk_mla_flash_map_words(int lrows, int P);
-int gk_mla_flash(const uint16_t *Q16, const uint16_t *KV3, const int *dense, const int *npools, const int *tail,
-                 const int *pools, int K, const int *dpos, int T, int H, int nope, int vd, int P, int lrows, float scale,
-                 uint32_t *map, float *out);
 /* check a CUDA call; returns -1 with context on failure */
 #define GK_TRY(call)                                                                        \
   do {                                                                                      \

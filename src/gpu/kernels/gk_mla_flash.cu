@@ -53,18 +53,19 @@ static int mf_run(const uint16_t *Q16, const uint16_t *KV3, const int *dense, co
   return GK_LAUNCHED("mla flash") ? -1 : 0;
 }
 
-template <int NOPE, int VD>
+template <int NOPE, int VD, int DG = 0>
 static int mw_run(const uint16_t *Q16, const uint16_t *KV3, const int *dense, const int *tail, const uint32_t *map, int nw,
                   const int *dpos, int T, int H, int pshift, int lrows, float sl2, float *out) {
   using C = mw_cfg<NOPE, VD>;
   static int attr;
   if (!attr) {
-    GK_TRY(cudaFuncSetAttribute((const void *)mla_flash_wg_k<NOPE, VD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    GK_TRY(cudaFuncSetAttribute((const void *)mla_flash_wg_k<NOPE, VD, DG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)C::smem));
     attr = 1;
   }
-  gk_launch(mla_flash_wg_k<NOPE, VD>, dim3((T + MW_BM - 1) / MW_BM, H), MW_THREADS, C::smem, Q16, KV3, dense, tail, map,
-            nw, dpos, T, H, pshift, lrows, sl2, out);
+  const int hg = H % gk_mla_flash_wg_hg() ? 1 : gk_mla_flash_wg_hg();
+  gk_launch(mla_flash_wg_k<NOPE, VD, DG>, dim3((T + MW_BM - 1) / MW_BM * H), MW_THREADS, C::smem, Q16, KV3, dense, tail,
+            map, nw, dpos, T, H, pshift, lrows, sl2, hg, out);
   return GK_LAUNCHED("mla flash (wgmma)") ? -1 : 0;
 }
 
@@ -152,6 +153,22 @@ extern "C" int gk_wgmma_check(const uint16_t *A, const uint16_t *B, float *D1, f
 #endif
 }
 extern "C" void gk_set_mla_flash_wg(int on) { g_wg = on < 0 ? -1 : !!on; }
+static int g_wg_hg = -1; /* GLM53_GPU_MLA_FLASH_HG: heads per block group (mla_flash_wg_k's order) */
+extern "C" void gk_set_mla_flash_wg_hg(int hg) { g_wg_hg = hg > 0 ? hg : -1; }
+extern "C" int gk_mla_flash_wg_hg(void) {
+  if (g_wg_hg < 0) {
+    const char *e = getenv("GLM53_GPU_MLA_FLASH_HG");
+    g_wg_hg = e && atoi(e) > 0 ? atoi(e) : 1;
+  }
+  return g_wg_hg;
+}
+static int g_wg_diag; /* gk_set_mla_flash_wg_diag: MW_DG_* bits (bench only) */
+extern "C" int gk_set_mla_flash_wg_diag(int dg) {
+  static const int have[] = {0, 1, 2, 4, 6, 8, 9, 14, 15}; /* the instantiations in gk_mla_flash */
+  for (size_t i = 0; i < sizeof have / sizeof have[0]; i++)
+    if (have[i] == dg) return g_wg_diag = dg, 0;
+  return -1;
+}
 extern "C" int gk_mla_flash_wg(void) {
   if (g_wg < 0) g_wg = !(getenv("GLM53_GPU_MLA_FLASH_WG") && !strcmp(getenv("GLM53_GPU_MLA_FLASH_WG"), "0"));
   return g_wg && g_wg_avail;
@@ -189,8 +206,18 @@ int gk_mla_flash(const uint16_t *Q16, const uint16_t *KV3, const int *dense, con
   if (GK_LAUNCHED("mla flash selection map")) return -1;
   const float sl2 = scale * 1.4426950408889634f;
 #define MF_RUN(N, V, B) mf_run<N, V, B>(Q16, KV3, dense, tail, map, nw, dpos, T, H, pshift, lrows, sl2, out)
-#define MW_RUN(N, V) mw_run<N, V>(Q16, KV3, dense, tail, map, nw, dpos, T, H, pshift, lrows, sl2, out)
-  if (gk_mla_flash_wg()) return nope == 256 ? MW_RUN(256, 256) : MW_RUN(64, 32);
+#define MW_RUN(N, V, D) mw_run<N, V, D>(Q16, KV3, dense, tail, map, nw, dpos, T, H, pshift, lrows, sl2, out)
+  if (gk_mla_flash_wg() && nope == 256 && g_wg_diag) switch (g_wg_diag) { /* timing diagnostics (bench) */
+    case 1: return MW_RUN(256, 256, 1);
+    case 2: return MW_RUN(256, 256, 2);
+    case 4: return MW_RUN(256, 256, 4);
+    case 6: return MW_RUN(256, 256, 6);
+    case 8: return MW_RUN(256, 256, 8);
+    case 9: return MW_RUN(256, 256, 9);
+    case 14: return MW_RUN(256, 256, 14);
+    default: return MW_RUN(256, 256, 15);
+    }
+  if (gk_mla_flash_wg()) return nope == 256 ? MW_RUN(256, 256, 0) : MW_RUN(64, 32, 0);
   const int bn = gk_mla_flash_bn();
   if (nope == 256) return bn == 32 ? MF_RUN(256, 256, 32) : MF_RUN(256, 256, 64);
   return bn == 32 ? MF_RUN(64, 32, 32) : MF_RUN(64, 32, 64);

@@ -74,11 +74,23 @@ __device__ __forceinline__ void mf_mma(float c[4], const uint32_t a[4], uint32_t
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #endif
 }
-/* two probabilities -> their bf16 hi pair and lo pair (first in the low half) */
+/* two probabilities -> their bf16 hi pair and lo pair (first in the low
+ * half). On the device one cvt.rn.bf16x2 per pair: the same round to
+ * nearest even as bf16_bits (the emulator's form), in 6 instructions
+ * instead of ~30 (the softmax's issue slots) */
 __device__ __forceinline__ void mf_split(float x, float y, uint32_t *hi, uint32_t *lo) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(GK_EMU)
+  uint32_t h, l;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(y), "f"(x));
+  const float rx = x - __uint_as_float(h << 16), ry = y - __uint_as_float(h & 0xffff0000u);
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(l) : "f"(ry), "f"(rx));
+  *hi = h;
+  *lo = l;
+#else
   const uint32_t hx = bf16_bits(x), hy = bf16_bits(y);
   *hi = hx | hy << 16;
   *lo = bf16_bits(x - __uint_as_float(hx << 16)) | bf16_bits(y - __uint_as_float(hy << 16)) << 16;
+#endif
 }
 
 /* 32-bit words per token of the selection bitmap over lrows rows of pools of P */
@@ -185,16 +197,35 @@ __global__ void __launch_bounds__(MF_THREADS, BN == 32 ? 2 : 1)
     for (int e = 0; e < 2; e++) {
       const bool all = rden[e] || j * BN >= rtail[e]; /* no pool lookups in this tile */
       float tmax = -INFINITY;
+      if (kb + HB - 1 <= rpos[e] && (all || (pshift > 0 && kb + HB <= rtail[e]))) {
+        /* most tiles: no causal or tail edge in this half, so every key is
+         * selected (all) or its pool's bit decides, one word read per half
+         * tile (as mla_flash_wg_k: pools of 2+ rows, the half's pools
+         * consecutive bits of one word, keys 8 jn + 2 t4 (+ 1) sharing one) */
+        const uint32_t word = all ? ~0u : __ldg(rmap[e] + (kb >> pshift >> 5));
+        const uint32_t tb = all ? ~0u : (word >> ((kb >> pshift) & 31)) >> (pshift <= 3 ? (2 * t4) >> pshift : 0);
 #pragma unroll
-      for (int jn = 0; jn < HB / 8; jn++)
+        for (int jn = 0; jn < HB / 8; jn++) {
+          const bool sel = all || (tb >> ((8 * jn) >> pshift) & 1);
 #pragma unroll
-        for (int c = 0; c < 2; c++) {
-          const int n = kb + jn * 8 + 2 * t4 + c, p = n >> pshift;
-          const bool sel = n <= rpos[e] && (all || n >= rtail[e] || (__ldg(rmap[e] + (p >> 5)) >> (p & 31) & 1));
-          const float v = sel ? s[jn][2 * e + c] * sl2 : -INFINITY;
-          s[jn][2 * e + c] = v;
-          tmax = fmaxf(tmax, v);
+          for (int c = 0; c < 2; c++) {
+            const float v = sel ? s[jn][2 * e + c] * sl2 : -INFINITY;
+            s[jn][2 * e + c] = v;
+            tmax = fmaxf(tmax, v);
+          }
         }
+      } else {
+#pragma unroll
+        for (int jn = 0; jn < HB / 8; jn++)
+#pragma unroll
+          for (int c = 0; c < 2; c++) {
+            const int n = kb + jn * 8 + 2 * t4 + c, p = n >> pshift;
+            const bool sel = n <= rpos[e] && (all || n >= rtail[e] || (__ldg(rmap[e] + (p >> 5)) >> (p & 31) & 1));
+            const float v = sel ? s[jn][2 * e + c] * sl2 : -INFINITY;
+            s[jn][2 * e + c] = v;
+            tmax = fmaxf(tmax, v);
+          }
+      }
       tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
       tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
       if (t4 == 0) red[hf * MF_BM + r0 + 8 * e] = tmax;

@@ -53,17 +53,28 @@ template <int VD> __device__ __forceinline__ void mw_rs(float *d, const uint32_t
 template <> __device__ __forceinline__ void mw_rs<256>(float *d, const uint32_t *a, uint64_t db) { mw_rs_n256(d, a, db); }
 template <> __device__ __forceinline__ void mw_rs<32>(float *d, const uint32_t *a, uint64_t db) { mw_rs_n32(d, a, db); }
 
-/* out[t][h][VD]: as mla_flash_k (same arguments); grid ((T + 127) / 128, H) */
-template <int NOPE, int VD>
+/* Timing diagnostics (bench/gpu/gpu_mla.c only; results are wrong): DG
+ * bits leave out a stage: 1 the K / V copies after the first tile, 2 the
+ * score products, 4 the output products, 8 the mask and softmax (the
+ * scores split as they are). */
+enum { MW_DG_COPY = 1, MW_DG_SCORE = 2, MW_DG_OUT = 4, MW_DG_SOFTMAX = 8 };
+
+/* out[t][h][VD]: as mla_flash_k (same arguments, and hg); grid ((T + 127)
+ * / 128 x H) blocks in one dimension, in groups of hg heads (hg divides
+ * H): a group's token tiles, longest first, each tile for the group's
+ * heads in turn (hg 1: one head's tiles after another, so the blocks that
+ * run together read the same K / V rows) */
+template <int NOPE, int VD, int DG = 0>
 __global__ void __launch_bounds__(MW_THREADS, 1)
     mla_flash_wg_k(const uint16_t *Q16, const uint16_t *KV3, const int *dense, const int *tail, const uint32_t *map, int nw,
-                   const int *dpos, int T, int H, int pshift, int lrows, float sl2, float *out) {
+                   const int *dpos, int T, int H, int pshift, int lrows, float sl2, int hg, float *out) {
   GK_PDL_BEGIN();
 #if MW_WGMMA
   using C = mw_cfg<NOPE, VD>;
   GK_DYN_SMEM(uint4, mw_sm);
   char *const Qs = (char *)mw_sm, *const Ks = Qs + C::QB, *const Vs = Ks + C::KB;
-  const int ntile = (T + MW_BM - 1) / MW_BM, tA = (ntile - 1 - (int)blockIdx.x) * MW_BM, h = blockIdx.y;
+  const int ntile = (T + MW_BM - 1) / MW_BM, grp = (int)blockIdx.x / (hg * ntile), r = (int)blockIdx.x - grp * hg * ntile;
+  const int tA = (ntile - 1 - r / hg) * MW_BM, h = grp * hg + r % hg;
   const int tid = threadIdx.x, wg = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int pos0 = *dpos, ldh = 2 * (NOPE + VD);
   const int nkt = (pos0 + min(tA + MW_BM, T) - 1) / MW_BN + 1;
@@ -112,39 +123,73 @@ __global__ void __launch_bounds__(MW_THREADS, 1)
     mf_wait_all();
     mw_proxy_fence();
     __syncthreads(); /* K tile j (and q) in; both warpgroups done with V tile j - 1 */
-    load_v(j);
+    if (!(DG & MW_DG_COPY) || j == 0) load_v(j);
     mf_commit();
     uint32_t ph[MW_BN / 16][4], pl[MW_BN / 16][4];
     if (act) {
+      /* the tile's bitmap words, loaded before the products so that their
+       * latency hides behind them: the tile's pools lie in two consecutive
+       * words (one unless P = 1) */
+      const int w0 = (j * MW_BN) >> pshift >> 5;
+      uint32_t mw[2][2];
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        const bool all = rden[e] || j * MW_BN >= rtail[e];
+        mw[e][0] = all ? 0u : __ldg(rmap[e] + w0);
+        mw[e][1] = all || w0 + 1 >= nw ? 0u : __ldg(rmap[e] + w0 + 1);
+      }
       float s[MW_BN / 2];
 #pragma unroll
       for (int i = 0; i < MW_BN / 2; i++) s[i] = 0.f;
       mw_fence();
 #pragma unroll
       for (int kk = 0; kk < 2 * NOPE / 16; kk++) /* in 16-byte units: a k step is 2 chunks = 2 LBO bytes */
-        mw_ss_n64(s, dq + (uint64_t)((kk % (NOPE / 16)) * 2 * C::LBO / 16), dk + (uint64_t)(kk * 2 * C::LBO / 16), kk > 0);
+        if (!(DG & MW_DG_SCORE))
+          mw_ss_n64(s, dq + (uint64_t)((kk % (NOPE / 16)) * 2 * C::LBO / 16), dk + (uint64_t)(kk * 2 * C::LBO / 16), kk > 0);
       mw_commit();
       mw_wait0();
 #pragma unroll
       for (int i = 0; i < MW_BN / 2; i++) mw_keep(s[i]);
       /* mask and online softmax per row (the quad holds the row's 64 keys) */
 #pragma unroll
-      for (int e = 0; e < 2; e++) {
-        const bool all = rden[e] || j * MW_BN >= rtail[e]; /* no pool lookups in this tile */
-        /* the tile's pools lie in two consecutive bitmap words (one unless P = 1) */
-        const int w0 = (j * MW_BN) >> pshift >> 5;
-        const uint32_t m0 = all ? 0u : __ldg(rmap[e] + w0), m1 = all || w0 + 1 >= nw ? 0u : __ldg(rmap[e] + w0 + 1);
-        float tmax = -INFINITY;
+      for (int e = 0; e < 2 && (DG & MW_DG_SOFTMAX); e++)
 #pragma unroll
         for (int i = 0; i < MW_BN / 8; i++)
+          mf_split(s[4 * i + 2 * e], s[4 * i + 2 * e + 1], &ph[i >> 1][2 * (i & 1) + e], &pl[i >> 1][2 * (i & 1) + e]);
 #pragma unroll
-          for (int c = 0; c < 2; c++) {
-            const int n = j * MW_BN + 8 * i + 2 * t4 + c, p = n >> pshift;
-            const bool sel = n <= rpos[e] && (all || n >= rtail[e] || (((p >> 5) == w0 ? m0 : m1) >> (p & 31) & 1));
-            const float v = sel ? s[4 * i + 2 * e + c] * sl2 : -INFINITY;
-            s[4 * i + 2 * e + c] = v;
-            tmax = fmaxf(tmax, v);
+      for (int e = 0; e < 2 && !(DG & MW_DG_SOFTMAX); e++) {
+        const bool all = rden[e] || j * MW_BN >= rtail[e]; /* no pool lookups in this tile */
+        const uint32_t m0 = mw[e][0], m1 = mw[e][1];
+        float tmax = -INFINITY;
+        if (j * MW_BN + MW_BN - 1 <= rpos[e] && (all || (pshift > 0 && j * MW_BN + MW_BN <= rtail[e]))) {
+          /* most tiles: no causal or tail edge in them, so every key is
+           * selected (all) or its pool's bit decides; with pools of 2+ rows
+           * the tile's pools are consecutive bits of one word, and the
+           * thread's keys 8 i + 2 t4 (+ 1) share the pool bit tb >> ((8 i)
+           * >> pshift) */
+          const uint32_t tb = all ? ~0u : (m0 >> ((j * MW_BN >> pshift) & 31)) >> (pshift <= 3 ? (2 * t4) >> pshift : 0);
+#pragma unroll
+          for (int i = 0; i < MW_BN / 8; i++) {
+            const bool sel = all || (tb >> ((8 * i) >> pshift) & 1);
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+              const float v = sel ? s[4 * i + 2 * e + c] * sl2 : -INFINITY;
+              s[4 * i + 2 * e + c] = v;
+              tmax = fmaxf(tmax, v);
+            }
           }
+        } else {
+#pragma unroll
+          for (int i = 0; i < MW_BN / 8; i++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+              const int n = j * MW_BN + 8 * i + 2 * t4 + c, p = n >> pshift;
+              const bool sel = n <= rpos[e] && (all || n >= rtail[e] || (((p >> 5) == w0 ? m0 : m1) >> (p & 31) & 1));
+              const float v = sel ? s[4 * i + 2 * e + c] * sl2 : -INFINITY;
+              s[4 * i + 2 * e + c] = v;
+              tmax = fmaxf(tmax, v);
+            }
+        }
         tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
         tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
         const float mn = fmaxf(m[e], tmax), mu = mn == -INFINITY ? 0.f : mn, alpha = exp2f(m[e] - mu);
@@ -170,14 +215,14 @@ __global__ void __launch_bounds__(MW_THREADS, 1)
     mf_wait_all();
     mw_proxy_fence();
     __syncthreads(); /* V tile j in; both warpgroups done with K tile j */
-    if (j + 1 < nkt) {
+    if (j + 1 < nkt && !(DG & MW_DG_COPY)) {
       load_k(j + 1);
       mf_commit();
     }
     if (act) {
       mw_fence();
 #pragma unroll
-      for (int kv = 0; kv < MW_BN / 16; kv++) { /* a key step: 16 keys = 2 core matrices = 256 bytes */
+      for (int kv = 0; kv < MW_BN / 16 && !(DG & MW_DG_OUT); kv++) { /* a key step: 16 keys = 2 core matrices = 256 bytes */
         mw_rs<VD>(o, ph[kv], dvh + (uint64_t)(kv * 16));
         mw_rs<VD>(o, pl[kv], dvh + (uint64_t)(kv * 16));
         mw_rs<VD>(o, ph[kv], dvl + (uint64_t)(kv * 16));
