@@ -42,7 +42,8 @@ int main(int argc, char **argv) {
   int *pools = gk_malloc((size_t)T * K * 4), *dpos = gk_malloc(4);
   uint32_t *map = gk_malloc((size_t)T * nw * 4);
   float *out = gk_malloc((size_t)T * H * vd * 4);
-  int *hd = malloc((size_t)T * 4), *hn = malloc((size_t)T * 4), *ht = malloc((size_t)T * 4), *hp = malloc((size_t)T * K * 4);
+  int *hd = malloc((size_t)T * 4), *hn = malloc((size_t)T * 4), *ht = malloc((size_t)T * 4);
+  int *hp = calloc((size_t)T * K, 4);
   if (!Q16 || !KV3 || !dense || !npools || !tail || !pools || !dpos || !map || !out || !hd || !hn || !ht || !hp) {
     fprintf(stderr, "gpu_mla: %s\n", gk_error());
     return 1;
