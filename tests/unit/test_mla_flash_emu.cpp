@@ -133,7 +133,7 @@ int main() {
   flash_case<64, 32, 32>(2, 4, 3, 0, 70);
   flash_case<64, 32, 64>(1, 8, 4, 100, 40); /* a later chunk: keys over three tiles, a partial row of pools */
   flash_case<64, 32, 32>(1, 8, 4, 100, 40);
-  flash_case<64, 32, 32>(1, 2, 30, 100, 40); /* pools of 2 and 16 rows: the pool bit per 8 keys of an edge-free tile */
+  flash_case<64, 32, 32>(1, 2, 30, 100, 40); /* pools of 2 and 16 rows */
   flash_case<64, 32, 64>(1, 16, 3, 100, 40);
   flash_case<256, 256, 64>(1, 4, 16, 40, 30); /* the model's widths */
   flash_case<256, 256, 32>(1, 4, 16, 40, 30);

@@ -197,35 +197,16 @@ __global__ void __launch_bounds__(MF_THREADS, BN == 32 ? 2 : 1)
     for (int e = 0; e < 2; e++) {
       const bool all = rden[e] || j * BN >= rtail[e]; /* no pool lookups in this tile */
       float tmax = -INFINITY;
-      if (kb + HB - 1 <= rpos[e] && (all || (pshift > 0 && kb + HB <= rtail[e]))) {
-        /* most tiles: no causal or tail edge in this half, so every key is
-         * selected (all) or its pool's bit decides, one word read per half
-         * tile (as mla_flash_wg_k: pools of 2+ rows, the half's pools
-         * consecutive bits of one word, keys 8 jn + 2 t4 (+ 1) sharing one) */
-        const uint32_t word = all ? ~0u : __ldg(rmap[e] + (kb >> pshift >> 5));
-        const uint32_t tb = all ? ~0u : (word >> ((kb >> pshift) & 31)) >> (pshift <= 3 ? (2 * t4) >> pshift : 0);
 #pragma unroll
-        for (int jn = 0; jn < HB / 8; jn++) {
-          const bool sel = all || (tb >> ((8 * jn) >> pshift) & 1);
+      for (int jn = 0; jn < HB / 8; jn++)
 #pragma unroll
-          for (int c = 0; c < 2; c++) {
-            const float v = sel ? s[jn][2 * e + c] * sl2 : -INFINITY;
-            s[jn][2 * e + c] = v;
-            tmax = fmaxf(tmax, v);
-          }
+        for (int c = 0; c < 2; c++) {
+          const int n = kb + jn * 8 + 2 * t4 + c, p = n >> pshift;
+          const bool sel = n <= rpos[e] && (all || n >= rtail[e] || (__ldg(rmap[e] + (p >> 5)) >> (p & 31) & 1));
+          const float v = sel ? s[jn][2 * e + c] * sl2 : -INFINITY;
+          s[jn][2 * e + c] = v;
+          tmax = fmaxf(tmax, v);
         }
-      } else {
-#pragma unroll
-        for (int jn = 0; jn < HB / 8; jn++)
-#pragma unroll
-          for (int c = 0; c < 2; c++) {
-            const int n = kb + jn * 8 + 2 * t4 + c, p = n >> pshift;
-            const bool sel = n <= rpos[e] && (all || n >= rtail[e] || (__ldg(rmap[e] + (p >> 5)) >> (p & 31) & 1));
-            const float v = sel ? s[jn][2 * e + c] * sl2 : -INFINITY;
-            s[jn][2 * e + c] = v;
-            tmax = fmaxf(tmax, v);
-          }
-      }
       tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
       tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
       if (t4 == 0) red[hf * MF_BM + r0 + 8 * e] = tmax;

@@ -53,6 +53,21 @@ template <int VD> __device__ __forceinline__ void mw_rs(float *d, const uint32_t
 template <> __device__ __forceinline__ void mw_rs<256>(float *d, const uint32_t *a, uint64_t db) { mw_rs_n256(d, a, db); }
 template <> __device__ __forceinline__ void mw_rs<32>(float *d, const uint32_t *a, uint64_t db) { mw_rs_n32(d, a, db); }
 
+/* The mask's common case: a row's keys k0 .. k0 + n - 1 (k0 a multiple of
+ * n, n a multiple of 16) with no causal edge (all <= pos) and no tail edge
+ * (all selected, or all below the tail with pools of 2+ rows). Their pools
+ * are then consecutive bits of one bitmap word, and a thread's keys 8 i +
+ * 2 t4 (+ 1) from k0 share one pool: mw_pool_bits shifts the word so that
+ * mw_key8_sel(bits, i) is its bit. (The mma.sync kernel keeps the per-key
+ * tests: this path took it past its 128-register cap into spills.) */
+__device__ __forceinline__ bool mw_edge_free(int k0, int n, int pos, bool all, int tail, int pshift) {
+  return k0 + n - 1 <= pos && (all || (pshift > 0 && k0 + n <= tail));
+}
+__device__ __forceinline__ uint32_t mw_pool_bits(uint32_t word, int k0, int pshift, int t4) {
+  return (word >> ((k0 >> pshift) & 31)) >> (pshift <= 3 ? (2 * t4) >> pshift : 0);
+}
+__device__ __forceinline__ bool mw_key8_sel(uint32_t bits, int i, int pshift) { return bits >> ((8 * i) >> pshift) & 1; }
+
 /* Timing diagnostics (bench/gpu/gpu_mla.c only; results are wrong): DG
  * bits leave out a stage: 1 the K / V copies after the first tile, 2 the
  * score products, 4 the output products, 8 the mask and softmax (the
@@ -161,16 +176,13 @@ __global__ void __launch_bounds__(MW_THREADS, 1)
         const bool all = rden[e] || j * MW_BN >= rtail[e]; /* no pool lookups in this tile */
         const uint32_t m0 = mw[e][0], m1 = mw[e][1];
         float tmax = -INFINITY;
-        if (j * MW_BN + MW_BN - 1 <= rpos[e] && (all || (pshift > 0 && j * MW_BN + MW_BN <= rtail[e]))) {
-          /* most tiles: no causal or tail edge in them, so every key is
-           * selected (all) or its pool's bit decides; with pools of 2+ rows
-           * the tile's pools are consecutive bits of one word, and the
-           * thread's keys 8 i + 2 t4 (+ 1) share the pool bit tb >> ((8 i)
-           * >> pshift) */
-          const uint32_t tb = all ? ~0u : (m0 >> ((j * MW_BN >> pshift) & 31)) >> (pshift <= 3 ? (2 * t4) >> pshift : 0);
+        if (mw_edge_free(j * MW_BN, MW_BN, rpos[e], all, rtail[e], pshift)) {
+          /* most tiles (mw_edge_free): the pool bits from the first word, one
+           * shift per 8 keys instead of the per-key tests */
+          const uint32_t tb = all ? ~0u : mw_pool_bits(m0, j * MW_BN, pshift, t4);
 #pragma unroll
           for (int i = 0; i < MW_BN / 8; i++) {
-            const bool sel = all || (tb >> ((8 * i) >> pshift) & 1);
+            const bool sel = all || mw_key8_sel(tb, i, pshift);
 #pragma unroll
             for (int c = 0; c < 2; c++) {
               const float v = sel ? s[4 * i + 2 * e + c] * sl2 : -INFINITY;
