@@ -9,7 +9,10 @@
  * warpgroup (wgmma) kernel, the same with stages left out (timing
  * diagnostics: their results are wrong; the differences place the time),
  * the mma.sync kernel with 32- and 64-key tiles; the warpgroup kernel's
- * blocks in groups of 4, 8, 16 heads (gk_set_mla_flash_wg_hg). Usage: gpu_mla [T] [form]
+ * blocks in groups of 4, 8, 16 heads (gk_set_mla_flash_wg_hg). Each form
+ * that computes the attention prints its largest difference from float64
+ * on 48 sampled (token, head) rows (relative to the row's largest value;
+ * expect ~1e-5) and from the first form. Usage: gpu_mla [T] [form]
  * (form: run only the warpgroup kernel with these diagnostic bits, for a
  * profiler). */
 #include "gpu/kernels/gk.h"
@@ -21,6 +24,49 @@
 static int cmpf(const void *a, const void *b) {
   const float x = *(const float *)a, y = *(const float *)b;
   return x < y ? -1 : x > y;
+}
+
+static double bf(uint16_t h) {
+  const uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* the float64 attention of token t, head h (its selected rows: dense, or
+ * the K pools plus the tail) into ref[vd]: the forms' outputs are checked
+ * against it on sampled rows, so a form that differs from the first one
+ * says which of them is off */
+static void ref_row(const uint16_t *q, const uint16_t *kv, const int *hd, const int *ht, const int *hp, int t, int h,
+                    int H, int nope, int vd, int P, int K, double scale, double *ref) {
+  const int ldh = 2 * (nope + vd);
+  int n = 0, *rows = malloc((size_t)(t + 1 + K * P) * sizeof(int));
+  double *sc = malloc((size_t)(t + 1 + K * P) * sizeof(double)), mx = -INFINITY, z = 0;
+  if (!rows || !sc) exit(1);
+  if (hd[t])
+    for (int j = 0; j <= t; j++) rows[n++] = j;
+  else {
+    for (int i = 0; i < K; i++)
+      for (int u = 0; u < P; u++) rows[n++] = hp[(size_t)t * K + i] * P + u;
+    for (int j = ht[t]; j <= t; j++) rows[n++] = j;
+  }
+  for (int s = 0; s < n; s++) {
+    const uint16_t *kr = kv + ((size_t)rows[s] * H + h) * ldh, *qr = q + ((size_t)t * H + h) * nope;
+    double a = 0;
+    for (int c = 0; c < nope; c++) a += bf(qr[c]) * (bf(kr[c]) + bf(kr[nope + c]));
+    sc[s] = a * scale;
+    mx = fmax(mx, sc[s]);
+  }
+  for (int d = 0; d < vd; d++) ref[d] = 0;
+  for (int s = 0; s < n; s++) {
+    const uint16_t *vr = kv + ((size_t)rows[s] * H + h) * ldh + 2 * nope;
+    const double e = exp(sc[s] - mx);
+    z += e;
+    for (int d = 0; d < vd; d++) ref[d] += e * (bf(vr[d]) + bf(vr[vd + d]));
+  }
+  for (int d = 0; d < vd; d++) ref[d] /= z;
+  free(rows);
+  free(sc);
 }
 
 int main(int argc, char **argv) {
@@ -80,6 +126,28 @@ int main(int argc, char **argv) {
   gk_h2d(pools, hp, (size_t)T * K * 4);
   gk_h2d(dpos, &zero, 4);
   const double flop = 2.0 * T * (T + 1) / 2 * H * (2.0 * nope + 3.0 * vd);
+  /* float64 references of 48 sampled (token, head) rows: the first and
+   * last tokens, both sides of the dense prefix's end, random ones */
+  enum { NS = 48 };
+  int st[NS], sh[NS];
+  double *sref = malloc((size_t)NS * vd * sizeof(double));
+  {
+    uint16_t *hq = malloc((size_t)T * H * nope * 2), *hkv = malloc((size_t)T * H * ldh * 2);
+    if (!sref || !hq || !hkv || gk_d2h(hq, Q16, (size_t)T * H * nope * 2) || gk_d2h(hkv, KV3, (size_t)T * H * ldh * 2)) {
+      fprintf(stderr, "gpu_mla: %s\n", gk_error());
+      return 1;
+    }
+    const int fixed[] = {0, 1, K * P - 2, K * P - 1, K * P, K * P + 1, T / 2, T - 1};
+    for (int i = 0; i < NS; i++) {
+      rng = rng * 1664525u + 1013904223u;
+      st[i] = i < 8 ? fixed[i] : (int)((rng >> 8) % (unsigned)T);
+      if (st[i] >= T) st[i] = T - 1;
+      sh[i] = (i * 37) % H;
+      ref_row(hq, hkv, hd, ht, hp, st[i], sh[i], H, nope, vd, P, K, 0.0625, sref + (size_t)i * vd);
+    }
+    free(hq);
+    free(hkv);
+  }
   void *e0 = gk_event_new(), *e1 = gk_event_new();
   static const struct { const char *name; int wg, bn, dg, hg; } form[] = {
       {"wgmma (the default on Hopper)", 1, 32, 0, 1},
@@ -123,16 +191,26 @@ int main(int argc, char **argv) {
     /* the forms that compute the same output: the largest difference from
      * the first one's (the block order changes no bits; the mma.sync
      * kernel sums in another order) */
-    char cmp[64] = "";
+    char cmp[128] = "";
     if (!form[f].dg) {
       bad |= gk_d2h(ho, out, (size_t)T * H * vd * 4);
+      double e64 = 0; /* vs float64: the largest |diff| / the row's largest |ref| */
+      for (int i = 0; i < NS; i++) {
+        double dm = 0, rm = 0;
+        for (int d = 0; d < vd; d++) {
+          dm = fmax(dm, fabs(ho[((size_t)st[i] * H + sh[i]) * vd + d] - sref[(size_t)i * vd + d]));
+          rm = fmax(rm, fabs(sref[(size_t)i * vd + d]));
+        }
+        e64 = fmax(e64, dm / (rm > 0 ? rm : 1));
+      }
+      snprintf(cmp, sizeof cmp, "  vs float64 %.3g", e64);
       if (!have0) {
         memcpy(h0, ho, (size_t)T * H * vd * 4);
         have0 = 1;
       } else {
         double d = 0;
         for (size_t i = 0; i < (size_t)T * H * vd; i++) d = fmax(d, fabs((double)ho[i] - h0[i]));
-        snprintf(cmp, sizeof cmp, "  max |diff| %.3g", d);
+        snprintf(cmp + strlen(cmp), sizeof cmp - strlen(cmp), ", max |diff| from the first %.3g", d);
       }
     }
     printf("  %-48s %8.3f ms  %6.1f TFLOP/s%s\n", form[f].name, ms[2], flop / (ms[2] * 1e9), cmp);
@@ -143,6 +221,7 @@ int main(int argc, char **argv) {
   gk_set_mla_flash_bn(-1);
   free(h0);
   free(ho);
+  free(sref);
   free(hd);
   free(hn);
   free(ht);

@@ -37,7 +37,7 @@
 #define __shared__ static /* a block's static shared arrays: blocks run one at a time */
 #define __align__(n) __attribute__((aligned(n)))
 /* dynamic shared memory: one host buffer for the block that runs */
-alignas(16) [[maybe_unused]] static float emu_smem_buf[256 * 1024 / sizeof(float)];
+alignas(1024) [[maybe_unused]] static float emu_smem_buf[256 * 1024 / sizeof(float)];
 #define GK_DYN_SMEM(T, name) T *name = (T *)emu_smem_buf
 #define GK_PDL_BEGIN() do { } while (0)
 using std::isnan;
@@ -363,12 +363,15 @@ static inline void emu_mma_tf32_1688(float c[4], const uint32_t a[4], uint32_t b
  * issue (fence, commit and wait are no-ops). A comes from the registers
  * (a: the mma.sync m16n8k16 A fragment, all 32 lanes call) or, with a
  * null, from the shared-memory descriptor da; B from db, K-major or, with
- * transB, MN-major. Descriptors in the no-swizzle layout (start, LBO, SBO
- * in 16-byte units at bits 0, 16, 32; src/gpu/kernels/gk_wgmma.cuh): the
- * element (row r, k) of a K-major operand at start + (r / 8) SBO + (r % 8)
- * 16 + (k / 8) LBO + (k % 8) 2 bytes; (k, n) of an MN-major one at start +
- * (n / 8) SBO + (n % 8) 2 + (k / 8) LBO + (k % 8) 16. Products summed in
- * double, rounded once; acc = 0 ignores d's values. */
+ * transB, MN-major. Descriptors (start, LBO, SBO in 16-byte units at bits
+ * 0, 16, 32; the mode at bit 62; src/gpu/kernels/gk_wgmma.cuh) in the
+ * no-swizzle layout: the element (row r, k) of a K-major operand at start +
+ * (r / 8) SBO + (r % 8) 16 + (k / 8) LBO + (k % 8) 2 bytes; (k, n) of an
+ * MN-major one at start + (n / 8) SBO + (n % 8) 2 + (k / 8) LBO + (k % 8)
+ * 16. In the 128-byte swizzle: (r, k) at start + (r / 8) SBO + (r % 8) 128
+ * + 2 k; (k, n) at start + (n / 64) LBO + (n % 64) 2 + (k / 8) SBO + (k %
+ * 8) 128; each address then swizzled. Products summed in double, rounded
+ * once; acc = 0 ignores d's values. */
 static inline void emu_wgmma(float *d, int N, const uint32_t *a, uint64_t da, uint64_t db, bool transB, int acc) {
   const int l = emu::g.cur->tid & 31, w = (emu::g.cur->tid >> 5) & 3, gr = l >> 2, t2 = 2 * (l & 3);
   auto at = [](uint64_t byte) {
@@ -377,24 +380,43 @@ static inline void emu_wgmma(float *d, int N, const uint32_t *a, uint64_t da, ui
     return emu::bf16f(h);
   };
   auto field = [](uint64_t desc, int bit) { return ((desc >> bit) & 0x3fffu) << 4; };
+  /* the descriptor's layout: mode 0 no swizzle, 1 the 128-byte swizzle
+   * (bits 4-6 of the computed address ^= bits 7-9; the start keeps the
+   * atom's bits 7-9, base offset 0: what the kernels use) */
+  auto mode = [](uint64_t desc) {
+    const int m = (int)(desc >> 62);
+    if ((m != 0 && m != 1) || (desc >> 49 & 7)) {
+      fprintf(stderr, "emu_wgmma: descriptor mode %d, base offset %d: not emulated\n", m, (int)(desc >> 49 & 7));
+      abort();
+    }
+    return m;
+  };
+  auto sw = [](uint64_t byte) { return byte ^ (((byte >> 7) & 7) << 4); };
   float A[16][16];
   if (a)
     emu::a_frag16(emu::mx_operands(a, 0, 0), A);
-  else
+  else {
+    const bool s128 = mode(da);
     for (int r = 0; r < 16; r++)
       for (int k = 0; k < 16; k++) {
         const int row = 16 * w + r;
-        A[r][k] = at(field(da, 0) + (row / 8) * field(da, 32) + (row % 8) * 16 + (k / 8) * field(da, 16) + (k % 8) * 2);
+        const uint64_t base = field(da, 0) + (row / 8) * field(da, 32);
+        A[r][k] = s128 ? at(sw(base + (row % 8) * 128 + k * 2))
+                       : at(base + (row % 8) * 16 + (k / 8) * field(da, 16) + (k % 8) * 2);
       }
+  }
+  const bool s128 = mode(db);
   const uint64_t b0 = field(db, 0), lbo = field(db, 16), sbo = field(db, 32);
   for (int i = 0; i < N / 8; i++)
     for (int e = 0; e < 4; e++) {
       const int row = gr + 8 * (e >> 1), n = 8 * i + t2 + (e & 1);
       double s = acc ? d[4 * i + e] : 0.0;
       for (int k = 0; k < 16; k++) {
-        const uint64_t off = transB ? (n / 8) * sbo + (n % 8) * 2 + (k / 8) * lbo + (k % 8) * 16
-                                    : (n / 8) * sbo + (n % 8) * 16 + (k / 8) * lbo + (k % 8) * 2;
-        s += (double)A[row][k] * at(b0 + off);
+        const uint64_t at_k = s128 ? sw(b0 + (transB ? (n / 64) * lbo + (n % 64) * 2 + (k / 8) * sbo + (k % 8) * 128
+                                                   : (n / 8) * sbo + (n % 8) * 128 + k * 2))
+                            : b0 + (transB ? (n / 8) * sbo + (n % 8) * 2 + (k / 8) * lbo + (k % 8) * 16
+                                           : (n / 8) * sbo + (n % 8) * 16 + (k / 8) * lbo + (k % 8) * 2);
+        s += (double)A[row][k] * at(at_k);
       }
       d[4 * i + e] = (float)s;
     }

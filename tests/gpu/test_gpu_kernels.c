@@ -1047,17 +1047,19 @@ static void wgmma_case(void) {
         r1[r * 64 + n] = (float)acc;
         if (n < 32) r2[r * 32 + n] = (float)acc;
       }
-    for (int swap = 0; swap < 2; swap++) { /* swap: LBO and SBO exchanged, printed only (a layout diagnostic) */
-      if (swap) rc = gk_wgmma_check(da, db, d1, d2, 1);
+    /* mode 0 the no-swizzle layout, 1 its LBO and SBO exchanged (printed
+     * only: a layout diagnostic), 2 the fused kernel's 128-byte swizzle */
+    static const char *what[] = {"", " (LBO and SBO swapped, expected wrong)", " (128-byte swizzle)"};
+    for (int mode = 0; mode < 3; mode++) {
+      if (mode) rc = gk_wgmma_check(da, db, d1, d2, mode);
       CHECK(rc == 0 && !gk_d2h(h1, d1, sizeof h1) && !gk_d2h(h2, d2, sizeof h2), "wgmma check: %s", gk_error());
       const double e1 = rel(h1, r1, 64 * 64), e2 = rel(h2, r2, 64 * 32);
-      if (!swap) {
-        CHECK(e1 <= 1e-5, "wgmma m64n64k16, both operands K-major in shared memory: err %g > 1e-5", e1);
-        CHECK(e2 <= 1e-5, "wgmma m64n32k16, A in registers, B MN-major: err %g > 1e-5", e2);
+      if (mode != 1) {
+        CHECK(e1 <= 1e-5, "wgmma m64n64k16%s, both operands K-major in shared memory: err %g > 1e-5", what[mode], e1);
+        CHECK(e2 <= 1e-5, "wgmma m64n32k16%s, A in registers, B MN-major: err %g > 1e-5", what[mode], e2);
       }
-      printf("wgmma check%s: K-major smem x smem err %.3g, registers x MN-major smem err %.3g (tol 1e-5) %s\n",
-             swap ? " (LBO and SBO swapped, expected wrong)" : "", e1, e2,
-             swap ? "" : e1 <= 1e-5 && e2 <= 1e-5 ? "ok" : "FAIL");
+      printf("wgmma check%s: K-major smem x smem err %.3g, registers x MN-major smem err %.3g (tol 1e-5) %s\n", what[mode],
+             e1, e2, mode == 1 ? "" : e1 <= 1e-5 && e2 <= 1e-5 ? "ok" : "FAIL");
     }
   }
   gk_free(da);

@@ -366,10 +366,11 @@ int gk_mla_flash_wg_detect(int cc_major, int cc_minor);
 void gk_set_mla_flash_wg(int on);
 int gk_mla_flash_wg(void);
 /* its two wgmma product forms alone (tests): D1 [64 x 64] = A . B, D2 [64
- * x 32] = A . B[:, :32] for bf16 A [64 x 16], B [16 x 64] row-major (swap:
- * the descriptors' LBO and SBO exchanged, a diagnostic); 1 when the device
- * or build has no wgmma */
-int gk_wgmma_check(const uint16_t *A, const uint16_t *B, float *D1, float *D2, int swap);
+ * x 32] = A . B[:, :32] for bf16 A [64 x 16], B [16 x 64] row-major; mode
+ * 0 the no-swizzle layout, 1 the same with the descriptors' LBO and SBO
+ * exchanged (a diagnostic: wrong results expected), 2 the 128-byte swizzle
+ * of the fused kernel; 1 when the device or build has no wgmma */
+int gk_wgmma_check(const uint16_t *A, const uint16_t *B, float *D1, float *D2, int mode);
 /* the fused kernel alone (gk_mla_mha_gemm calls it; bench/gpu/gpu_mla.c
  * times it): the words per token of its selection bitmap, and the launch
  * (Q16 [T][H][nope] bf16; KV3 rows [n][h][K hi, K lo, V hi, V lo] bf16,

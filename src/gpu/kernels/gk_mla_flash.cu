@@ -72,21 +72,26 @@ static int mw_run(const uint16_t *Q16, const uint16_t *KV3, const int *dense, co
 /* The two product forms of the kernel alone, for tests/gpu: D1 [64 x 64] =
  * A . B and D2 [64 x 32] = A . B[:, :32] (A [64 x 16], B [16 x 64] bf16,
  * row-major), D1 with both operands K-major in shared memory (the scores),
- * D2 with A in registers and B MN-major (the output products). swap != 0
- * exchanges the descriptors' LBO and SBO (a diagnostic: the results are
- * then expected to be wrong). */
-__global__ void mw_check_k(const uint16_t *A, const uint16_t *B, float *D1, float *D2, int swap) {
+ * D2 with A in registers and B MN-major (the output products). mode 0: the
+ * no-swizzle layout; 1: the same with the descriptors' LBO and SBO
+ * exchanged (a diagnostic: the results are then expected to be wrong); 2:
+ * the 128-byte swizzle as the fused kernel uses it, starts inside the
+ * atoms' rows (A and B^T at their k step 2, 32 bytes in; B's columns at
+ * column 32, 64 bytes in, as V lo at VD 32). */
+__global__ void mw_check_k(const uint16_t *A, const uint16_t *B, float *D1, float *D2, int mode) {
 #if MW_WGMMA
-  __shared__ __align__(16) uint16_t As[64 * 16], Bk[64 * 16], Bm[16 * 32];
-  const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  __shared__ __align__(1024) uint16_t As[64 * 64], Bk[64 * 64], Bm[16 * 64];
+  const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3, sw = mode == 2;
   for (int i = tid; i < 64 * 16; i += 128) {
     const int r = i / 16, k = i % 16; /* K-major: rows r (of A; of B^T: n), 8 x 16-byte core matrices, LBO 128, SBO 256 */
-    As[((r / 8) * 256 + (r % 8) * 16 + (k / 8) * 128 + (k % 8) * 2) / 2] = A[i];
-    Bk[((r / 8) * 256 + (r % 8) * 16 + (k / 8) * 128 + (k % 8) * 2) / 2] = B[k * 64 + r];
+    const int o = sw ? (int)(mw_sw128_off(2 + k / 8, r, 64) + (k % 8) * 2) : (r / 8) * 256 + (r % 8) * 16 + (k / 8) * 128 + (k % 8) * 2;
+    As[o / 2] = A[i];
+    Bk[o / 2] = B[k * 64 + r];
   }
   for (int i = tid; i < 16 * 32; i += 128) { /* MN-major: (k, n), LBO 128 (8 k), SBO 256 (8 n) */
     const int k = i / 32, n = i % 32;
-    Bm[((n / 8) * 256 + (n % 8) * 2 + (k / 8) * 128 + (k % 8) * 16) / 2] = B[k * 64 + n];
+    const int o = sw ? (int)(mw_sw128_off(4 + n / 8, k, 16) + (n % 8) * 2) : (n / 8) * 256 + (n % 8) * 2 + (k / 8) * 128 + (k % 8) * 16;
+    Bm[o / 2] = B[k * 64 + n];
   }
   mw_proxy_fence();
   __syncthreads();
@@ -99,10 +104,15 @@ __global__ void mw_check_k(const uint16_t *A, const uint16_t *B, float *D1, floa
     const int r = r0 + 8 * (q & 1), k = 2 * t4 + 8 * (q >> 1);
     a[q] = (uint32_t)A[r * 16 + k] | (uint32_t)A[r * 16 + k + 1] << 16;
   }
-  const uint32_t lbo = swap ? 256 : 128, sbo = swap ? 128 : 256;
+  const uint32_t lbo = mode == 1 ? 256 : 128, sbo = mode == 1 ? 128 : 256;
   mw_fence();
-  mw_ss_n64(d1, mw_desc(As, lbo, sbo), mw_desc(Bk, lbo, sbo), 0);
-  mw_rs_n32(d2, a, mw_desc(Bm, lbo, sbo));
+  if (sw) {
+    mw_ss_n64(d1, mw_desc_sw128((char *)As + 32, 16, 1024), mw_desc_sw128((char *)Bk + 32, 16, 1024), 0);
+    mw_rs_n32(d2, a, mw_desc_sw128((char *)Bm + 64, 16 * 128, 1024));
+  } else {
+    mw_ss_n64(d1, mw_desc(As, lbo, sbo), mw_desc(Bk, lbo, sbo), 0);
+    mw_rs_n32(d2, a, mw_desc(Bm, lbo, sbo));
+  }
   mw_commit();
   mw_wait0();
   for (int i = 0; i < 32; i++) mw_keep(d1[i]);
@@ -114,7 +124,7 @@ __global__ void mw_check_k(const uint16_t *A, const uint16_t *B, float *D1, floa
       if (i < 4) D2[r * 32 + n] = d2[4 * i + e];
     }
 #else
-  (void)A; (void)B; (void)D1; (void)D2; (void)swap;
+  (void)A; (void)B; (void)D1; (void)D2; (void)mode;
 #endif
 }
 
@@ -142,13 +152,13 @@ extern "C" int gk_mla_flash_wg_detect(int cc_major, int cc_minor) {
 #endif
   return 0;
 }
-extern "C" int gk_wgmma_check(const uint16_t *A, const uint16_t *B, float *D1, float *D2, int swap) {
+extern "C" int gk_wgmma_check(const uint16_t *A, const uint16_t *B, float *D1, float *D2, int mode) {
 #if !GK_HIP
   if (!g_wg_avail) return 1;
-  mw_check_k<<<1, 128>>>(A, B, D1, D2, swap);
+  mw_check_k<<<1, 128>>>(A, B, D1, D2, mode);
   return GK_LAUNCHED("wgmma check") ? -1 : 0;
 #else
-  (void)A; (void)B; (void)D1; (void)D2; (void)swap;
+  (void)A; (void)B; (void)D1; (void)D2; (void)mode;
   return 1;
 #endif
 }

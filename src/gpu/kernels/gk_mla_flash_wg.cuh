@@ -16,16 +16,11 @@
  *   memory. The mma.sync kernel reads every K and V fragment once per 16
  *   rows through ldmatrix; here once per 64 rows, and half the K / V bytes
  *   per (token, key) are copied;
- * - q (128 rows), one K tile and one V tile in shared memory (214 KB at the
+ * - q (128 rows), one K tile and one V tile in shared memory (193 KB at the
  *   model's widths, one block per SM): the V tile loads (cp.async) while the
  *   scores run, the next K tile while the output products run.
  *
- * Measured about as fast as the mma.sync kernel (1-2% faster end to end
- * on an H200 and an H100; docs/gpu.md, twelfth session): neither kernel is
- * bound by the tensor cores' rate, and what bounds them is not yet known.
- *
- * Shared layouts: gk_wgmma.cuh's no-swizzle core matrices, padded (mw_cfg).
- * The includer provides
+ * Shared layouts: the 128-byte swizzle (mw_cfg says why). The includer provides
  * gk_device.cuh (bf16_bits), gk_wgmma.cuh, gk_mla_flash.cuh (mf_cp16,
  * mf_commit, mf_wait_all, mf_split), __shfl_xor_sync and GK_PDL_BEGIN. */
 #ifndef GLM53_GPU_GK_MLA_FLASH_WG_CUH
@@ -35,18 +30,24 @@
 #define MW_BN 64  /* keys per tile */
 #define MW_THREADS 256
 
-/* Shared layouts (bytes). q and K are K-major: the core matrix (8 rows,
- * 16-byte chunk c) at (row / 8) * SBO + c * 144 + (row % 8) * 16, LBO =
- * 144 (not 128: the 16-byte pad puts 8 consecutive chunks of one row in
- * different banks, so a warp's copy of 512 contiguous bytes of a row
- * writes without conflicts), SBO = chunks * 144. V is MN-major: (key n,
- * chunk c) at c * 1040 + n * 16 (LBO 128: 8 keys; SBO 1040 = 64 keys + a
- * 16-byte pad, for the same reason). */
+/* Shared layouts: the 128-byte swizzle of gk_wgmma.cuh (mw_sw128_off),
+ * every tile 1024-byte aligned. q and K are K-major: 8 k-atoms of 64 bf16
+ * per row (K hi | lo; q 4), each tile's rows (SBO 1024) one atom column
+ * after another. V is MN-major: a key's V hi | lo row in atoms of 64
+ * columns (LBO MW_BN x 128), 8 keys per atom (SBO 1024). With this layout
+ * 8 consecutive threads copy 128 consecutive bytes of a row into 128
+ * consecutive bytes of shared memory: the no-swizzle core matrices (16
+ * bytes of 8 rows contiguous) made each warp's cp.async of 512 contiguous
+ * bytes split per thread, 2x the L2 sectors (16-byte halves) and 8x the
+ * shared wavefronts, which bounded the kernel (ncu on an H100, fourteenth
+ * session: L2 84% busy, the kernel at 2.6 ms without its copies against
+ * 4.8 ms with them). */
 template <int NOPE, int VD> struct mw_cfg {
+  static_assert(NOPE % 64 == 0 && (VD == 32 || VD % 64 == 0), "whole swizzle atoms (V lo at VD 32: half an atom's row)");
   static constexpr int QCH = NOPE / 8, KCH = 2 * NOPE / 8, VCH = 2 * VD / 8; /* 16-byte chunks per row */
-  static constexpr int LBO = 144, QSBO = QCH * LBO, KSBO = KCH * LBO, VSBO = MW_BN * 16 + 16;
-  static constexpr int QB = MW_BM / 8 * QSBO, KB = MW_BN / 8 * KSBO, VB = VCH * VSBO;
-  static constexpr size_t smem = (size_t)QB + KB + VB;
+  static constexpr int QB = MW_BM * NOPE * 2, KB = MW_BN * 2 * NOPE * 2, VB = MW_BN * 2 * VD * 2;
+  static constexpr int VLBO = MW_BN * 128; /* V: between atoms along the columns */
+  static constexpr size_t smem = (size_t)QB + KB + VB + 1024; /* + the alignment of the first tile */
 };
 
 template <int VD> __device__ __forceinline__ void mw_rs(float *d, const uint32_t *a, uint64_t db);
@@ -87,7 +88,8 @@ __global__ void __launch_bounds__(MW_THREADS, 1)
 #if MW_WGMMA
   using C = mw_cfg<NOPE, VD>;
   GK_DYN_SMEM(uint4, mw_sm);
-  char *const Qs = (char *)mw_sm, *const Ks = Qs + C::QB, *const Vs = Ks + C::KB;
+  char *const Qs = (char *)mw_sm + ((1024u - (mw_saddr(mw_sm) & 1023u)) & 1023u), *const Ks = Qs + C::QB,
+              *const Vs = Ks + C::KB;
   const int ntile = (T + MW_BM - 1) / MW_BM, grp = (int)blockIdx.x / (hg * ntile), r = (int)blockIdx.x - grp * hg * ntile;
   const int tA = (ntile - 1 - r / hg) * MW_BM, h = grp * hg + r % hg;
   const int tid = threadIdx.x, wg = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
@@ -109,25 +111,28 @@ __global__ void __launch_bounds__(MW_THREADS, 1)
   /* copies: consecutive threads take consecutive 16-byte chunks of a row */
   for (int i = tid; i < MW_BM * C::QCH; i += MW_THREADS) {
     const int r = i / C::QCH, c = i % C::QCH, t = tA + r;
-    mf_cp16(Qs + (r >> 3) * C::QSBO + c * C::LBO + (r & 7) * 16, Q16 + ((size_t)(t < T ? t : 0) * H + h) * NOPE + c * 8,
-            t < T);
+    mf_cp16(Qs + mw_sw128_off(c, r, MW_BM), Q16 + ((size_t)(t < T ? t : 0) * H + h) * NOPE + c * 8, t < T);
   }
   auto load_k = [&](int j) {
     for (int i = tid; i < MW_BN * C::KCH; i += MW_THREADS) {
       const int r = i / C::KCH, c = i % C::KCH, n = j * MW_BN + r;
-      mf_cp16(Ks + (r >> 3) * C::KSBO + c * C::LBO + (r & 7) * 16, KV3 + ((size_t)(n < lrows ? n : 0) * H + h) * ldh + c * 8,
-              n < lrows);
+      mf_cp16(Ks + mw_sw128_off(c, r, MW_BN), KV3 + ((size_t)(n < lrows ? n : 0) * H + h) * ldh + c * 8, n < lrows);
     }
   };
   auto load_v = [&](int j) {
     for (int i = tid; i < MW_BN * C::VCH; i += MW_THREADS) {
       const int r = i / C::VCH, c = i % C::VCH, n = j * MW_BN + r;
-      mf_cp16(Vs + c * C::VSBO + r * 16, KV3 + ((size_t)(n < lrows ? n : 0) * H + h) * ldh + 2 * NOPE + c * 8, n < lrows);
+      mf_cp16(Vs + mw_sw128_off(c, r, MW_BN), KV3 + ((size_t)(n < lrows ? n : 0) * H + h) * ldh + 2 * NOPE + c * 8,
+              n < lrows);
     }
   };
-  /* descriptors: q of this warpgroup (k step 0), K (k step 0), V hi and lo (key step 0) */
-  const uint64_t dq = mw_desc(Qs + 8 * wg * C::QSBO, C::LBO, C::QSBO), dk = mw_desc(Ks, C::LBO, C::KSBO);
-  const uint64_t dvh = mw_desc(Vs, 128, C::VSBO), dvl = mw_desc(Vs + (VD / 8) * C::VSBO, 128, C::VSBO);
+  /* descriptors at k step 0: q of this warpgroup (its 64 rows of each
+   * atom column), K, V hi and V lo (column VD: atom VD / 64, + 2 (VD % 64)
+   * bytes into its rows); a k step of q / K is 32 bytes into an atom's rows
+   * (4 per atom), a key step of V two 8-key groups (2048 bytes) */
+  const uint64_t dq = mw_desc_sw128(Qs + 64 * wg * 128, 16, 1024), dk = mw_desc_sw128(Ks, 16, 1024);
+  const uint64_t dvh = mw_desc_sw128(Vs, C::VLBO, 1024),
+                 dvl = mw_desc_sw128(Vs + (VD / 64) * C::VLBO + (VD % 64) * 2, C::VLBO, 1024);
   float o[VD / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 #pragma unroll
   for (int i = 0; i < VD / 2; i++) o[i] = 0.f;
@@ -158,9 +163,12 @@ __global__ void __launch_bounds__(MW_THREADS, 1)
       for (int i = 0; i < MW_BN / 2; i++) s[i] = 0.f;
       mw_fence();
 #pragma unroll
-      for (int kk = 0; kk < 2 * NOPE / 16; kk++) /* in 16-byte units: a k step is 2 chunks = 2 LBO bytes */
-        if (!(DG & MW_DG_SCORE))
-          mw_ss_n64(s, dq + (uint64_t)((kk % (NOPE / 16)) * 2 * C::LBO / 16), dk + (uint64_t)(kk * 2 * C::LBO / 16), kk > 0);
+      for (int kk = 0; kk < 2 * NOPE / 16; kk++)
+        if (!(DG & MW_DG_SCORE)) {
+          const int qk = kk % (NOPE / 16); /* descriptor units of 16 bytes: */
+          mw_ss_n64(s, dq + (uint64_t)((qk >> 2) * (MW_BM * 128 / 16) + (qk & 3) * 2),
+                    dk + (uint64_t)((kk >> 2) * (MW_BN * 128 / 16) + (kk & 3) * 2), kk > 0);
+        }
       mw_commit();
       mw_wait0();
 #pragma unroll
@@ -234,10 +242,10 @@ __global__ void __launch_bounds__(MW_THREADS, 1)
     if (act) {
       mw_fence();
 #pragma unroll
-      for (int kv = 0; kv < MW_BN / 16 && !(DG & MW_DG_OUT); kv++) { /* a key step: 16 keys = 2 core matrices = 256 bytes */
-        mw_rs<VD>(o, ph[kv], dvh + (uint64_t)(kv * 16));
-        mw_rs<VD>(o, pl[kv], dvh + (uint64_t)(kv * 16));
-        mw_rs<VD>(o, ph[kv], dvl + (uint64_t)(kv * 16));
+      for (int kv = 0; kv < MW_BN / 16 && !(DG & MW_DG_OUT); kv++) { /* a key step: 2 x 1024 bytes = 128 units */
+        mw_rs<VD>(o, ph[kv], dvh + (uint64_t)(kv * 128));
+        mw_rs<VD>(o, pl[kv], dvh + (uint64_t)(kv * 128));
+        mw_rs<VD>(o, ph[kv], dvl + (uint64_t)(kv * 128));
       }
       mw_commit();
       mw_wait0();

@@ -2,8 +2,9 @@
  * them, and their host stand-ins for the CUDA emulator (GK_EMU: the
  * products computed at issue from the same shared-memory descriptors and
  * register fragments, tests/emu/cuda_emu.h emu_wgmma). Operands are bf16,
- * accumulators fp32. Shared-memory operands use the no-swizzle
- * ("interleave") canonical layout of the PTX ISA: 8 x 16-byte core
+ * accumulators fp32. Shared-memory operands use a canonical layout of the
+ * PTX ISA: the 128-byte swizzle (mw_desc_sw128, the fused MLA kernel), or
+ * no swizzle ("interleave"): 8 x 16-byte core
  * matrices, each 128 contiguous bytes (its 8 rows 16 bytes apart); LBO is
  * the byte distance between core matrices adjacent along K, SBO along M or
  * N. For a K-major operand a core matrix's rows are M/N indices and its 16
@@ -23,15 +24,40 @@
 #define MW_WGMMA 0
 #endif
 
+/* a shared-memory address as the descriptors and the swizzle see it (the
+ * emulator: the offset into its 1024-byte aligned buffer) */
+__device__ __forceinline__ uint32_t mw_saddr(const void *sm) {
+#ifdef GK_EMU
+  return (uint32_t)((const char *)sm - (const char *)emu_smem_buf);
+#else
+  return (uint32_t)__cvta_generic_to_shared(sm);
+#endif
+}
 /* a shared-memory descriptor: no swizzle, base offset 0 (16-byte aligned
  * start, lbo and sbo in bytes) */
 __device__ __forceinline__ uint64_t mw_desc(const void *sm, uint32_t lbo, uint32_t sbo) {
-#ifdef GK_EMU
-  const uint32_t a = (uint32_t)((const char *)sm - (const char *)emu_smem_buf);
-#else
-  const uint32_t a = (uint32_t)__cvta_generic_to_shared(sm);
-#endif
-  return (uint64_t)((a & 0x3ffffu) >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(sbo >> 4) << 32;
+  return (uint64_t)((mw_saddr(sm) & 0x3ffffu) >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(sbo >> 4) << 32;
+}
+/* The 128-byte swizzle (descriptor mode 1): the operand in atoms of 8 rows
+ * x 128 bytes (1024-byte aligned), the 16-byte chunk c of an atom's row r
+ * stored at chunk c ^ r. The tensor cores apply it to the computed address
+ * (bits 4-6 ^= bits 7-9), so a start inside an atom's row (a k step of a
+ * K-major operand, 32 bytes; a column offset of an MN-major one) needs no
+ * base offset as long as it keeps bits 7-9 of the atom's start. K-major:
+ * rows (M / N) 128 bytes apart, SBO the distance between 8-row groups, LBO
+ * unused (a k16 step fits an atom's row). MN-major: an atom holds 64
+ * consecutive n (its row, 128 bytes) of 8 consecutive k; LBO is the
+ * distance between atoms along n, SBO between 8-k groups. */
+__device__ __forceinline__ uint64_t mw_desc_sw128(const void *sm, uint32_t lbo, uint32_t sbo) {
+  return mw_desc(sm, lbo, sbo) | (uint64_t)1 << 62;
+}
+/* the byte offset of 16-byte chunk c of row r in a tile of `rows` rows
+ * stored as 128-byte swizzled atoms, chunks 8 a .. 8 a + 7 of every row in
+ * the a-th run of rows x 128 bytes: the K-major layout of the descriptor
+ * above (SBO 1024; rows = the operand's M or N), and its MN-major layout
+ * when the rows are k and the chunks hold n (SBO 1024, LBO rows x 128) */
+__device__ __forceinline__ uint32_t mw_sw128_off(int c, int r, int rows) {
+  return (uint32_t)((c >> 3) * rows * 128 + r * 128 + (((c ^ r) & 7) << 4));
 }
 
 #ifdef GK_EMU
