@@ -386,7 +386,7 @@ int gk_mla_flash(const uint16_t *Q16, const uint16_t *KV3, const int *dense, con
 int gk_set_mla_flash_wg_diag(int dg);
 /* its block order: groups of hg heads (hg dividing H, else 1), each
  * group's token tiles for its heads in turn; -1 the environment
- * (GLM53_GPU_MLA_FLASH_HG, default 1) */
+ * (GLM53_GPU_MLA_FLASH_HG, default 4) */
 void gk_set_mla_flash_wg_hg(int hg);
 int gk_mla_flash_wg_hg(void);
 enum { GK_MLA_FP32 = 0, GK_MLA_TF32 = 1, GK_MLA_BF16X9 = 2, GK_MLA_BF16X3 = 3, GK_MLA_BF16X4 = 4, GK_MLA_NMATH = 5 };

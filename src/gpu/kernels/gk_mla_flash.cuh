@@ -43,6 +43,12 @@ __device__ __forceinline__ void mf_wait_all(void) {
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 #endif
 }
+/* every cp.async group but the newest complete */
+__device__ __forceinline__ void mf_wait_prior(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+#endif
+}
 /* four 8x8 bf16 matrices (row addresses from lanes 8i..8i+7 for matrix i);
  * .trans hands each lane the transposed elements */
 __device__ __forceinline__ void mf_ldm4(uint32_t r[4], const uint16_t *sm) {

@@ -22,7 +22,7 @@
  *
  * Shared layouts: the 128-byte swizzle (mw_cfg says why). The includer provides
  * gk_device.cuh (bf16_bits), gk_wgmma.cuh, gk_mla_flash.cuh (mf_cp16,
- * mf_commit, mf_wait_all, mf_split), __shfl_xor_sync and GK_PDL_BEGIN. */
+ * mf_commit, mf_wait_all, mf_wait_prior, mf_split), __shfl_xor_sync and GK_PDL_BEGIN. */
 #ifndef GLM53_GPU_GK_MLA_FLASH_WG_CUH
 #define GLM53_GPU_GK_MLA_FLASH_WG_CUH
 
@@ -72,8 +72,11 @@ __device__ __forceinline__ bool mw_key8_sel(uint32_t bits, int i, int pshift) { 
 /* Timing diagnostics (bench/gpu/gpu_mla.c only; results are wrong): DG
  * bits leave out a stage: 1 the K / V copies after the first tile, 2 the
  * score products, 4 the output products, 8 the mask and softmax (the
- * scores split as they are). */
-enum { MW_DG_COPY = 1, MW_DG_SCORE = 2, MW_DG_OUT = 4, MW_DG_SOFTMAX = 8 };
+ * scores split as they are). 16 (same results; an A/B of the order, not
+ * yet measured) issues the next K tile right after the score products,
+ * behind a third barrier per tile, so that it loads during the softmax
+ * too; without it the next K tile loads during the output products only. */
+enum { MW_DG_COPY = 1, MW_DG_SCORE = 2, MW_DG_OUT = 4, MW_DG_SOFTMAX = 8, MW_DG_EARLYK = 16 };
 
 /* out[t][h][VD]: as mla_flash_k (same arguments, and hg); grid ((T + 127)
  * / 128 x H) blocks in one dimension, in groups of hg heads (hg divides
@@ -114,10 +117,15 @@ __global__ void __launch_bounds__(MW_THREADS, 1)
     mf_cp16(Qs + mw_sw128_off(c, r, MW_BM), Q16 + ((size_t)(t < T ? t : 0) * H + h) * NOPE + c * 8, t < T);
   }
   auto load_k = [&](int j) {
-    for (int i = tid; i < MW_BN * C::KCH; i += MW_THREADS) {
+    auto cp = [&](int i) {
       const int r = i / C::KCH, c = i % C::KCH, n = j * MW_BN + r;
       mf_cp16(Ks + mw_sw128_off(c, r, MW_BN), KV3 + ((size_t)(n < lrows ? n : 0) * H + h) * ldh + c * 8, n < lrows);
-    }
+    };
+    if (DG & MW_DG_EARLYK) { /* issued while a tile's scores are live: not unrolled (registers) */
+#pragma unroll 1
+      for (int i = tid; i < MW_BN * C::KCH; i += MW_THREADS) cp(i);
+    } else
+      for (int i = tid; i < MW_BN * C::KCH; i += MW_THREADS) cp(i);
   };
   auto load_v = [&](int j) {
     for (int i = tid; i < MW_BN * C::VCH; i += MW_THREADS) {
@@ -146,19 +154,19 @@ __global__ void __launch_bounds__(MW_THREADS, 1)
     if (!(DG & MW_DG_COPY) || j == 0) load_v(j);
     mf_commit();
     uint32_t ph[MW_BN / 16][4], pl[MW_BN / 16][4];
+    float s[MW_BN / 2];
+    /* the tile's bitmap words, loaded before the products so that their
+     * latency hides behind them: the tile's pools lie in two consecutive
+     * words (one unless P = 1) */
+    const int w0 = (j * MW_BN) >> pshift >> 5;
+    uint32_t mw[2][2];
     if (act) {
-      /* the tile's bitmap words, loaded before the products so that their
-       * latency hides behind them: the tile's pools lie in two consecutive
-       * words (one unless P = 1) */
-      const int w0 = (j * MW_BN) >> pshift >> 5;
-      uint32_t mw[2][2];
 #pragma unroll
       for (int e = 0; e < 2; e++) {
         const bool all = rden[e] || j * MW_BN >= rtail[e];
         mw[e][0] = all ? 0u : __ldg(rmap[e] + w0);
         mw[e][1] = all || w0 + 1 >= nw ? 0u : __ldg(rmap[e] + w0 + 1);
       }
-      float s[MW_BN / 2];
 #pragma unroll
       for (int i = 0; i < MW_BN / 2; i++) s[i] = 0.f;
       mw_fence();
@@ -173,6 +181,17 @@ __global__ void __launch_bounds__(MW_THREADS, 1)
       mw_wait0();
 #pragma unroll
       for (int i = 0; i < MW_BN / 2; i++) mw_keep(s[i]);
+    }
+    /* MW_DG_EARLYK: once both warpgroups are done with K tile j, the next
+     * one loads during this tile's softmax as well as its output products
+     * (the kernel ran about as long as its copies alone plus its products
+     * alone: fourteenth session) */
+    if (DG & MW_DG_EARLYK) {
+      __syncthreads();
+      if (j + 1 < nkt && !(DG & MW_DG_COPY)) load_k(j + 1);
+      mf_commit(); /* a group even when empty: V tile j is then the one before the newest */
+    }
+    if (act) {
       /* mask and online softmax per row (the quad holds the row's 64 keys) */
 #pragma unroll
       for (int e = 0; e < 2 && (DG & MW_DG_SOFTMAX); e++)
@@ -232,10 +251,11 @@ __global__ void __launch_bounds__(MW_THREADS, 1)
           }
       }
     }
-    mf_wait_all();
+    if (DG & MW_DG_EARLYK) mf_wait_prior();
+    else mf_wait_all();
     mw_proxy_fence();
-    __syncthreads(); /* V tile j in; both warpgroups done with K tile j */
-    if (j + 1 < nkt && !(DG & MW_DG_COPY)) {
+    __syncthreads(); /* V tile j in (EARLYK: K tile j + 1 may still be loading); both warpgroups done with K tile j */
+    if (!(DG & MW_DG_EARLYK) && j + 1 < nkt && !(DG & MW_DG_COPY)) {
       load_k(j + 1);
       mf_commit();
     }
