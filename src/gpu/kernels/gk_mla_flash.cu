@@ -83,14 +83,16 @@ __global__ void mw_check_k(const uint16_t *A, const uint16_t *B, float *D1, floa
   __shared__ __align__(1024) uint16_t As[64 * 64], Bk[64 * 64], Bm[16 * 64];
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3, sw = mode == 2;
   for (int i = tid; i < 64 * 16; i += 128) {
-    const int r = i / 16, k = i % 16; /* K-major: rows r (of A; of B^T: n), 8 x 16-byte core matrices, LBO 128, SBO 256 */
-    const int o = sw ? (int)(mw_sw128_off(2 + k / 8, r, 64) + (k % 8) * 2) : (r / 8) * 256 + (r % 8) * 16 + (k / 8) * 128 + (k % 8) * 2;
+    const int r = i / 16, k = i % 16; /* K-major: rows r (of A; of B^T: n); else 8 x 16-byte core matrices, LBO 128, SBO 256 */
+    const int o = sw ? (int)(mw_sw128_off(2 + k / 8, r, 64) + (k % 8) * 2)
+                     : (r / 8) * 256 + (r % 8) * 16 + (k / 8) * 128 + (k % 8) * 2;
     As[o / 2] = A[i];
     Bk[o / 2] = B[k * 64 + r];
   }
-  for (int i = tid; i < 16 * 32; i += 128) { /* MN-major: (k, n), LBO 128 (8 k), SBO 256 (8 n) */
+  for (int i = tid; i < 16 * 32; i += 128) { /* MN-major: (k, n); else LBO 128 (8 k), SBO 256 (8 n) */
     const int k = i / 32, n = i % 32;
-    const int o = sw ? (int)(mw_sw128_off(4 + n / 8, k, 16) + (n % 8) * 2) : (n / 8) * 256 + (n % 8) * 2 + (k / 8) * 128 + (k % 8) * 16;
+    const int o = sw ? (int)(mw_sw128_off(4 + n / 8, k, 16) + (n % 8) * 2)
+                     : (n / 8) * 256 + (n % 8) * 2 + (k / 8) * 128 + (k % 8) * 16;
     Bm[o / 2] = B[k * 64 + n];
   }
   mw_proxy_fence();
@@ -168,7 +170,8 @@ extern "C" void gk_set_mla_flash_wg_hg(int hg) { g_wg_hg = hg > 0 ? hg : -1; }
 extern "C" int gk_mla_flash_wg_hg(void) {
   if (g_wg_hg < 0) {
     const char *e = getenv("GLM53_GPU_MLA_FLASH_HG");
-    g_wg_hg = e && atoi(e) > 0 ? atoi(e) : 4; /* H100, gpu_mla: 3.10 ms per call against 3.34 with 1 (fourteenth session) */
+    /* default 4: 3.10 ms per gpu_mla call on an H100 against 3.34 with 1 (fourteenth session) */
+    g_wg_hg = e && atoi(e) > 0 ? atoi(e) : 4;
   }
   return g_wg_hg;
 }
