@@ -3,8 +3,9 @@
  * wgmma) and their selection bitmap run on the host through the CUDA
  * emulator (tests/emu/cuda_emu.h emulates the warp's ldmatrix and bf16
  * mma.sync, and the warpgroup's wgmma from its shared-memory descriptors
- * as the PTX ISA defines the no-swizzle layout; that the device reads them
- * so is checked by test_gpu_kernels' wgmma check), against a float64 softmax attention over
+ * as the PTX ISA defines the 128-byte swizzled layout the kernel uses;
+ * that the device reads them so is checked by test_gpu_kernels' wgmma
+ * check, mode 2), against a float64 softmax attention over
  * the same bf16 inputs (q, K hi + lo, V hi + lo) and the same selections
  * written as explicit row lists: dense tokens, then K pools (a spread,
  * unordered choice) plus the tail. Rows past the context hold large values
