@@ -15,6 +15,7 @@
  * expect ~1e-5) and from the first form. Usage: gpu_mla [T] [form]
  * (form: run only the warpgroup kernel with these diagnostic bits, for a
  * profiler). */
+#include "core/util.h"
 #include "gpu/kernels/gk.h"
 #include <math.h>
 #include <stdio.h>
@@ -24,19 +25,6 @@
 static int cmpf(const void *a, const void *b) {
   const float x = *(const float *)a, y = *(const float *)b;
   return x < y ? -1 : x > y;
-}
-
-/* fp32 -> bf16, round to nearest even (finite inputs) */
-static uint16_t bf16_rn(float x) {
-  uint32_t u;
-  memcpy(&u, &x, 4);
-  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-static double bf(uint16_t h) {
-  const uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
 }
 
 /* the float64 attention of token t, head h (its selected rows: dense, or
@@ -59,7 +47,8 @@ static void ref_row(const uint16_t *q, const uint16_t *kv, const int *hd, const 
   for (int s = 0; s < n; s++) {
     const uint16_t *kr = kv + ((size_t)rows[s] * H + h) * ldh, *qr = q + ((size_t)t * H + h) * nope;
     double a = 0;
-    for (int c = 0; c < nope; c++) a += bf(qr[c]) * (bf(kr[c]) + bf(kr[nope + c]));
+    for (int c = 0; c < nope; c++)
+      a += (double)bf16_to_f32(qr[c]) * ((double)bf16_to_f32(kr[c]) + bf16_to_f32(kr[nope + c]));
     sc[s] = a * scale;
     mx = fmax(mx, sc[s]);
   }
@@ -68,7 +57,7 @@ static void ref_row(const uint16_t *q, const uint16_t *kv, const int *hd, const 
     const uint16_t *vr = kv + ((size_t)rows[s] * H + h) * ldh + 2 * nope;
     const double e = exp(sc[s] - mx);
     z += e;
-    for (int d = 0; d < vd; d++) ref[d] += e * (bf(vr[d]) + bf(vr[vd + d]));
+    for (int d = 0; d < vd; d++) ref[d] += e * ((double)bf16_to_f32(vr[d]) + bf16_to_f32(vr[vd + d]));
   }
   for (int d = 0; d < vd; d++) ref[d] /= z;
   free(rows);
@@ -117,8 +106,8 @@ int main(int argc, char **argv) {
       for (int c = 0; c < w; c++) {
         rng = rng * 1664525u + 1013904223u;
         const float x = ((float)(rng >> 8) * (1.0f / 16777216.0f)) * 4.0f - 2.0f;
-        row[c] = bf16_rn(x);
-        row[w + c] = bf16_rn(x - (float)bf(row[c]));
+        row[c] = f32_to_bf16(x);
+        row[w + c] = f32_to_bf16(x - bf16_to_f32(row[c]));
       }
     }
   if (gk_h2d(KV3, hkv, (size_t)T * H * ldh * 2)) {
