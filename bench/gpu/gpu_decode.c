@@ -298,16 +298,26 @@ int main(int argc, char **argv) {
    * kernel, the absorbed bf16x3 form, the mHC projection's SIMT kernel
    * instead of its tensor-core form, the mHC post fused with the next
    * projection, the MoE gather from fp32 rows, the mma.sync flash kernel
-   * where the wgmma one is the default; median of 3 each */
-  static const char *const vname[7][2] = {{"MLA per-head form in batched GEMMs", "GLM53_GPU_MLA_FLASH=0"},
+   * where the wgmma one is the default, the wgmma kernel's 32-key tiles in
+   * two stages, the mHC projection's 32-column steps, the KDA recurrence
+   * with 16 and 32 lanes per column (g4's bits), the first three together,
+   * and the defaults again (drift over the run); median of 3 each */
+  static const char *const vname[13][2] = {{"MLA per-head form in batched GEMMs", "GLM53_GPU_MLA_FLASH=0"},
                                           {"MLA absorbed GEMM form", "GLM53_GPU_MLA_MHA=0"},
                                           {"mHC projection SIMT kernel", "GLM53_GPU_MHC_TC=0"},
                                           {"MLA fused mma.sync kernel, 64 keys per tile", "GLM53_GPU_MLA_FLASH_WG=0 GLM53_GPU_MLA_FLASH_BN=64"},
                                           {"mHC post fused with the next projection", "GLM53_GPU_MHC_FUSE=1"},
                                           {"MoE gather from fp32 rows", "GLM53_GPU_MOE_X16=0"},
-                                          {"MLA fused mma.sync kernel, 32 keys per tile", "GLM53_GPU_MLA_FLASH_WG=0"}};
-  for (int v = 0; v < 7; v++) {
+                                          {"MLA fused mma.sync kernel, 32 keys per tile", "GLM53_GPU_MLA_FLASH_WG=0"},
+                                          {"MLA wgmma kernel, 32-key tiles in two stages", "GLM53_GPU_MLA_FLASH_WG_BN=32"},
+                                          {"mHC projection in 32-column steps", "GLM53_GPU_MHC_K32=1"},
+                                          {"KDA recurrence with 16 lanes per column", "GLM53_GPU_KDA_LAYOUT=x4"},
+                                          {"KDA recurrence with 32 lanes per column", "GLM53_GPU_KDA_LAYOUT=y4"},
+                                          {"the wgmma 32-key tiles, mHC 32-column steps, KDA x4 together", "GLM53_GPU_MLA_FLASH_WG_BN=32 GLM53_GPU_MHC_K32=1 GLM53_GPU_KDA_LAYOUT=x4"},
+                                          {"the defaults again", "-"}};
+  for (int v = 0; v < 13; v++) {
     if (quick && v < 6) continue;
+    if (v == 7 && !gk_mla_flash_wg()) continue;
     if (v == 6 && !gk_mla_flash_wg()) continue; /* no wgmma kernel here: the mma.sync one is the default */
     if (v == 0) gk_set_mla_flash(0);
     if (v == 1) gk_set_mla_mha(0);
@@ -316,6 +326,10 @@ int main(int argc, char **argv) {
     if (v == 4) gk_set_mhc_fuse(1);
     if (v == 5) gk_set_moe_x16(0);
     if (v == 6) gk_set_mla_flash_wg(0);
+    if (v == 7 || v == 11) gk_set_mla_flash_wg_bn(32);
+    if (v == 8 || v == 11) gk_set_mhc_k32(1);
+    if (v == 9 || v == 11) gk_set_kda_layout(GK_KR_X4);
+    if (v == 10) gk_set_kda_layout(GK_KR_Y4);
     for (int i = 0; i < 3; i++) {
       glm53_session_reset(s);
       pr[i] = run(s, tok, NP, logits);
@@ -330,6 +344,9 @@ int main(int argc, char **argv) {
     gk_set_mhc_fuse(-1);
     gk_set_moe_x16(-1);
     gk_set_mla_flash_wg(-1);
+    gk_set_mla_flash_wg_bn(-1);
+    gk_set_mhc_k32(-1);
+    gk_set_kda_layout(0);
   }
   if (quick) {
     free(base);
@@ -341,8 +358,8 @@ int main(int argc, char **argv) {
   /* prefill A/B: the KDA recurrence's other layouts (another summation
    * order each) */
   {
-    static const char *lnm[] = {"", "w4", "w8", "g1", "g2", "g4"};
-    for (int l = GK_KR_W4; l <= GK_KR_G4; l++) {
+    static const char *lnm[GK_KR_N] = {"", "w4", "w8", "g1", "g2", "g4", "x2", "x4", "y4"};
+    for (int l = GK_KR_W4; l < GK_KR_N; l++) {
       if (l == GK_KR_G4) continue;
       gk_set_kda_layout(l);
       glm53_session_reset(s);

@@ -2,7 +2,11 @@
  * the full model's shape (64 heads of 128, one 4096-token sequence; the
  * gate with the config's lower bound -5) in each layout of the token
  * kernel (GLM53_GPU_KDA_LAYOUT: 8 lanes per column with 1, 2 or 4 columns
- * per lane group, 32 lanes per column with 4 or 8 per warp). Median of 5 launches (events on the compute
+ * per lane group, 16 lanes per column with 2 or 4, 32 lanes with 4 in the
+ * same tree (y4), 32 lanes per column with 4 or 8 per warp). Each layout's
+ * outputs of one launch from the same state are compared with g4's bit for
+ * bit (x2, x4 and y4 promise g4's bits;
+ * the others sum in another order). Median of 5 launches (events on the compute
  * stream), ms per launch and G state-element updates per second (T * H *
  * hd^2 / time; each update is 4 floating-point operations). The decay
  * pass (kda_decay) is part of every launch. Usage: gpu_kda [T] */
@@ -58,11 +62,26 @@ int main(int argc, char **argv) {
       {"g1: 8 lanes per column, 1 per group", GK_KR_G1},
       {"w4: 32 lanes per column, 4 per warp", GK_KR_W4},
       {"w8: 32 lanes per column, 8 per warp", GK_KR_W8},
+      {"x4: 16 lanes per column, 4 per group", GK_KR_X4},
+      {"x2: 16 lanes per column, 2 per group", GK_KR_X2},
+      {"y4: 32 lanes per column, 4 per group", GK_KR_Y4},
   };
+  float *S0 = gk_malloc((size_t)H * hd * hd * 4), *h0 = malloc((size_t)T * inner * 4), *ho = malloc((size_t)T * inner * 4);
+  if (!S0 || !h0 || !ho) {
+    fprintf(stderr, "gpu_kda: out of memory\n");
+    return 1;
+  }
+  gk_d2d(S0, S, (size_t)H * hd * hd * 4);
   printf("KDA recurrence, H %d, hd %d, T %d, lower bound -5:\n", H, hd, T);
   int bad = 0;
   for (size_t f = 0; f < sizeof form / sizeof form[0]; f++) {
     gk_set_kda_layout(form[f].layout);
+    /* one launch from the initial state: the bits against g4's */
+    gk_d2d(S, S0, (size_t)H * hd * hd * 4);
+    gk_d2d(g, graw, (size_t)T * inner * 4);
+    gk_d2d(bl, blraw, (size_t)T * H * 4);
+    bad |= gk_kda_recur_gated(&b, qkv, g, dtb, Al, -5.0f, bl, T, H, hd, o) || gk_d2h(f ? ho : h0, o, (size_t)T * inner * 4);
+    const char *bits = !f ? "" : memcmp(ho, h0, (size_t)T * inner * 4) ? "  other bits than g4" : "  g4's bits";
     float ms[5];
     for (int r = 0; r < 6; r++) { /* the first one warms up */
       /* the launch overwrites the gate with the decay and beta's logits with beta */
@@ -75,9 +94,11 @@ int main(int argc, char **argv) {
       if (r) ms[r - 1] = t;
     }
     qsort(ms, 5, sizeof *ms, cmpf);
-    printf("  %-52s %8.3f ms  %7.1f G updates/s\n", form[f].name, ms[2], (double)T * H * hd * hd / (ms[2] * 1e6));
+    printf("  %-52s %8.3f ms  %7.1f G updates/s%s\n", form[f].name, ms[2], (double)T * H * hd * hd / (ms[2] * 1e6), bits);
   }
   gk_set_kda_layout(0);
+  free(h0);
+  free(ho);
   if (bad || gk_sync()) fprintf(stderr, "gpu_kda: %s\n", gk_error());
   return bad;
 }

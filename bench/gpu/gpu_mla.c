@@ -9,7 +9,8 @@
  * warpgroup (wgmma) kernel, the same with stages left out (timing
  * diagnostics: their results are wrong; the differences place the time),
  * the mma.sync kernel with 32- and 64-key tiles; the warpgroup kernel's
- * blocks in groups of 4, 8, 16 heads (gk_set_mla_flash_wg_hg). Each form
+ * blocks in groups of 4, 8, 16 heads (gk_set_mla_flash_wg_hg), and its
+ * 32-key tiles in two stages (gk_set_mla_flash_wg_bn). Each form
  * that computes the attention prints its largest difference from float64
  * on 48 sampled (token, head) rows (relative to the row's largest value;
  * expect ~1e-5) and from the first form. Usage: gpu_mla [T] [form]
@@ -164,20 +165,26 @@ int main(int argc, char **argv) {
     free(hkv);
   }
   void *e0 = gk_event_new(), *e1 = gk_event_new();
+  /* bn: keys per tile (the warpgroup kernel: 64 one stage, 32 two stages) */
   static const struct { const char *name; int wg, bn, dg, hg; } form[] = {
-      {"wgmma, one head's blocks after another", 1, 32, 0, 1},
-      {"wgmma, blocks in groups of 4 heads (the default)", 1, 32, 0, 4},
-      {"wgmma, blocks in groups of 8 heads", 1, 32, 0, 8},
-      {"wgmma, blocks in groups of 16 heads", 1, 32, 0, 16},
-      {"wgmma, no K/V copies after the first tile", 1, 32, 1, 1},
-      {"wgmma, no score products", 1, 32, 2, 1},
-      {"wgmma, no output products", 1, 32, 4, 1},
-      {"wgmma, no products", 1, 32, 6, 1},
-      {"wgmma, no mask / softmax", 1, 32, 8, 1},
-      {"wgmma, products only (no copies, no softmax)", 1, 32, 9, 1},
-      {"wgmma, copies only", 1, 32, 14, 1},
-      {"wgmma, loop only (barriers, first tile)", 1, 32, 15, 1},
-      {"wgmma, next K tile right after the scores (A/B)", 1, 32, 16, 4},
+      {"wgmma, one head's blocks after another", 1, 64, 0, 1},
+      {"wgmma, blocks in groups of 4 heads (the default)", 1, 64, 0, 4},
+      {"wgmma, blocks in groups of 8 heads", 1, 64, 0, 8},
+      {"wgmma, blocks in groups of 16 heads", 1, 64, 0, 16},
+      {"wgmma, no K/V copies after the first tile", 1, 64, 1, 1},
+      {"wgmma, no score products", 1, 64, 2, 1},
+      {"wgmma, no output products", 1, 64, 4, 1},
+      {"wgmma, no products", 1, 64, 6, 1},
+      {"wgmma, no mask / softmax", 1, 64, 8, 1},
+      {"wgmma, products only (no copies, no softmax)", 1, 64, 9, 1},
+      {"wgmma, copies only", 1, 64, 14, 1},
+      {"wgmma, loop only (barriers, first tile)", 1, 64, 15, 1},
+      {"wgmma, next K tile right after the scores (A/B)", 1, 64, 16, 4},
+      {"wgmma 32-key tiles in two stages, groups of 4", 1, 32, 0, 4},
+      {"wgmma 32-key two stages, one head after another", 1, 32, 0, 1},
+      {"wgmma 32-key two stages, no K/V copies", 1, 32, 1, 1},
+      {"wgmma 32-key two stages, products only", 1, 32, 9, 1},
+      {"wgmma 32-key two stages, copies only", 1, 32, 14, 1},
       {"mma.sync, 32-key tiles", 0, 32, 0, 1},
       {"mma.sync, 64-key tiles", 0, 64, 0, 1},
   };
@@ -189,7 +196,8 @@ int main(int argc, char **argv) {
   for (size_t f = 0; f < sizeof form / sizeof form[0]; f++) {
     if (only >= 0 && (!form[f].wg || form[f].dg != only || form[f].hg != 1)) continue;
     gk_set_mla_flash_wg(form[f].wg);
-    gk_set_mla_flash_bn(form[f].bn);
+    gk_set_mla_flash_wg_bn(form[f].wg ? form[f].bn : -1);
+    gk_set_mla_flash_bn(form[f].wg ? -1 : form[f].bn);
     gk_set_mla_flash_wg_hg(form[f].hg ? form[f].hg : 1);
     if (form[f].wg && (!gk_mla_flash_wg() || gk_set_mla_flash_wg_diag(form[f].dg))) {
       printf("  %-48s not in this build or device\n", form[f].name);
@@ -234,6 +242,7 @@ int main(int argc, char **argv) {
   gk_set_mla_flash_wg_diag(0);
   gk_set_mla_flash_wg_hg(-1);
   gk_set_mla_flash_wg(-1);
+  gk_set_mla_flash_wg_bn(-1);
   gk_set_mla_flash_bn(-1);
   free(h0);
   free(ho);

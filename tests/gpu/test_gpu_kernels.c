@@ -25,7 +25,8 @@
  * bf16x9-emulated fp32 (1e-5) and TF32 (3e-3) against float64; the MLA
  * flash kernel's two wgmma product forms alone (1e-5 vs float64, where the
  * device has wgmma) and the per-head form through each fused kernel
- * (wgmma, mma.sync with 32 and 64 keys per tile) and its batched GEMMs.
+ * (wgmma with 64 keys per tile and with 32 in two stages, mma.sync with 32
+ * and 64 keys per tile) and its batched GEMMs.
  * No device: SKIP. */
 #include "gpu_test.h"
 #include "gpu/kernels/gk.h"
@@ -526,21 +527,25 @@ static void mhc_pre_case(int T, int D) {
     printf("mhc pre, %d tokens, D %d: first 2 bitwise as 2 alone: %s\n", T, D, same ? "yes" : "NO");
     gk_free(dy2); gk_free(dp2); gk_free(dc2);
     /* the one-pass projection + sum of squares (gk_mhc_proj) feeding
-     * gk_mhc_pre: its tensor-core form (CUDA), then the SIMT kernel */
+     * gk_mhc_pre: its tensor-core form (CUDA; steps of 32 columns, then
+     * 16), then the SIMT kernel */
     float *dss = gk_malloc((size_t)T * 4);
-    for (int tc = 1; tc >= 0; tc--) {
-      gk_set_mhc_tc(tc);
+    for (int tc = 2; tc >= 0; tc--) {
+      gk_set_mhc_tc(tc > 0);
+      gk_set_mhc_k32(tc == 2);
       if (tc && !gk_mhc_tc_on()) continue;
       int rc3 = gk_mhc_proj(&g, dX, T, hc, D, dmix, dss);
       if (rc3 == 1) printf("mhc proj: not applicable\n");
       else {
         rc3 = rc3 || gk_mhc_pre(dX, dmix, dss, dbase, dsc, dnw, T, hc, D, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, dpost,
                                 dcomb, dy);
-        mhc_pre_verify(tc ? "mhc proj+pre (tensor cores)" : "mhc proj+pre (one pass)", rc3, dy, dpost, dcomb, ry, rp, rc_, gy,
-                       gp, gc, T, hc, D);
+        mhc_pre_verify(tc == 2 ? "mhc proj+pre (tensor cores, 32-column steps)" : tc ? "mhc proj+pre (tensor cores)"
+                                                                             : "mhc proj+pre (one pass)",
+                       rc3, dy, dpost, dcomb, ry, rp, rc_, gy, gp, gc, T, hc, D);
       }
     }
     gk_set_mhc_tc(-1);
+    gk_set_mhc_k32(-1);
     gk_free(dss);
   }
   free(fn); free(base); free(sc); free(X); free(nw); free(ry); free(gy); free(rp); free(gp); free(rc_); free(gc);
@@ -1132,20 +1137,22 @@ static void mla_mha_case(int fmt, int H, int nope, int vd, int kl, int P, int K,
   double err = INFINITY;
   const double tol = gk_mla_math_tol(GK_MLA_BF16X3);
   /* the fused kernels where they take the widths (wgmma where the device
-   * has it; mma.sync with 32, 64 keys per tile), then the batched GEMMs */
-  for (int v = 0; v < 4 && rc != 1; v++) {
+   * has it, with 32 keys per tile in two stages and 64 in one; mma.sync
+   * with 32, 64 keys per tile), then the batched GEMMs */
+  for (int v = -1; v < 4 && rc != 1; v++) {
     const int fl = v < 3;
     if (fl && !gk_mla_flash_fits(nope, vd, P)) continue;
     gk_set_mla_flash(fl);
-    gk_set_mla_flash_wg(v == 0);
-    if (v == 0 && !gk_mla_flash_wg()) continue;
+    gk_set_mla_flash_wg(v <= 0);
+    if (v <= 0 && !gk_mla_flash_wg()) continue;
+    gk_set_mla_flash_wg_bn(v == -1 ? 32 : 64);
     gk_set_mla_flash_bn(v == 2 ? 64 : 32);
     gk_memset(dout, 0x7f, no * 4);
     rc = gk_mla_mha_gemm(dq, dl, &W.g, dd, dn, dt, dp, T, dpos, pos0, H, nope, vd, kl, P, K, (float)scale, dout);
     err = INFINITY;
     if (!rc && !gk_d2h(got, dout, no * 4)) err = rel(got, ref, no);
     if (rc == 1) break;
-    const char *form = !fl ? "gemms" : v == 0 ? "fused-wgmma" : v == 2 ? "fused64" : "fused32";
+    const char *form = !fl ? "gemms" : v == -1 ? "fused-wgmma32x2" : v == 0 ? "fused-wgmma" : v == 2 ? "fused64" : "fused32";
     CHECK(rc == 0, "mla mha %s: %s", form, gk_error());
     CHECK(err <= tol, "mla mha %s %s H%d nope%d vd%d kl%d P%d K%d pos0 %d T%d: err %g > %g", form, fname(fmt), H, nope, vd, kl,
           P, K, pos0, T, err, tol);
@@ -1154,6 +1161,7 @@ static void mla_mha_case(int fmt, int H, int nope, int vd, int kl, int P, int K,
   }
   gk_set_mla_flash(-1);
   gk_set_mla_flash_wg(-1);
+  gk_set_mla_flash_wg_bn(-1);
   gk_set_mla_flash_bn(-1);
   if (rc == 1) printf("mla mha form: not in this build\n");
   else {
@@ -1263,15 +1271,16 @@ int main(void) {
    * of 8: hd 40 leaves a block with one warp's columns, hd 30 a warp with 6 */
   /* every layout (GLM53_GPU_KDA_LAYOUT): g4, the default, on all shapes
    * (hd 40, 256 and 30 take w4), the others on the model's head dim and
-   * one smaller (g: 8 lanes per column with 4, 2, 1 columns per group; w:
-   * 32 lanes per column, 4 or 8 columns per warp) */
-  static const int lay[5] = {GK_KR_G4, GK_KR_G2, GK_KR_G1, GK_KR_W4, GK_KR_W8};
-  static const char *lnm[5] = {"g4", "g2", "g1", "w4", "w8"};
-  for (int v = 0; v < 5; v++) {
+   * one smaller (g: 8 lanes per column with 4, 2, 1 columns per group; x:
+   * 16 lanes per column with 4 or 2; y4: 32 lanes with 4; w: 32 lanes per
+   * column, 4 or 8 per warp) */
+  static const int lay[8] = {GK_KR_G4, GK_KR_G2, GK_KR_G1, GK_KR_X4, GK_KR_X2, GK_KR_Y4, GK_KR_W4, GK_KR_W8};
+  static const char *lnm[8] = {"g4", "g2", "g1", "x4", "x2", "y4", "w4", "w8"};
+  for (int v = 0; v < 8; v++) {
     gk_set_kda_layout(lay[v]);
     printf("kda recurrence, layout %s:\n", lnm[v]);
     kda_tiles_case(70, 57, 2, 128);
-    kda_tiles_case(45, 32, 3, v < 3 ? 64 : 40);
+    kda_tiles_case(45, 32, 3, v < 6 ? 64 : 40); /* y4 at hd 64: g4 */
     if (!v) {
       kda_tiles_case(33, 21, 2, 32);
       kda_tiles_case(45, 32, 3, 40);

@@ -1,4 +1,4 @@
-/* The KDA token recurrence with 8 lanes per column (kda_recur8_k,
+/* The KDA token recurrence with 8 or 16 lanes per column (kda_recur8_k,
  * src/gpu/kernels/gk_kda_recur.cuh) run on the host through the CUDA
  * emulator (tests/emu/cuda_emu.h), against the CPU token recurrence
  * (kda_step): head dims 32/64/128, 1, 2 and 4 columns per lane group,
@@ -10,8 +10,8 @@
  * tiles, as decode runs it) and with the log decay (KR_LOG, as
  * gk_kda_recur runs it) give the prefill launch's bits (KR_DECAY, the
  * copied tiles). And 4, 2 and 1 columns per group (layouts g4, g2, g1)
- * give the same bits. The device test (test_gpu_kernels) runs it on the
- * GPU. */
+ * give the same bits, and so do 16 lanes per column with 4 or 2 columns
+ * (x4, x2) and 32 with 4 (y4). The device test (test_gpu_kernels) runs it on the GPU. */
 #include "emu/cuda_emu.h"
 #include "emu/kda_inputs.h"
 extern "C" {
@@ -28,7 +28,7 @@ static const uint64_t SEED = 0x2545f4914f6cdd1dull;
 static emu_rng rf{SEED};
 
 /* one launch of kda_recur8_k over the segments lens[] (tiles of TT tokens) */
-template <int MODE, int MM, bool ASYNC, int C>
+template <int MODE, int MM, bool ASYNC, int C, int LP>
 static bool launch(const std::vector<int> &t0s, const std::vector<int> &lens, std::vector<float *> states,
                    const float *qkv, const float *g, const float *dtb, const float *Al, float lb, const float *bl, int H,
                    int TT, float *o) {
@@ -52,13 +52,13 @@ static bool launch(const std::vector<int> &t0s, const std::vector<int> &lens, st
   b.layer = 0;
   const size_t need = (ASYNC ? 2 : 1) * kr_tile_floats(8 * MM, TT, KR8_COLS);
   CHECK(need <= sizeof emu_smem_buf / sizeof *emu_smem_buf, "shared memory of the emulation too small");
-  return emu_launch(dim3(H, (8 * MM + KR8_COLS - 1) / KR8_COLS, nseg), dim3(kr8_threads<C>()), [&] {
-    kda_recur8_k<MODE, MM, ASYNC, C>(b, qkv, g, dtb, Al, lb, bl, H, TT, o);
+  return emu_launch(dim3(H, (8 * MM + KR8_COLS - 1) / KR8_COLS, nseg), dim3(kr8_threads<C, LP>()), [&] {
+    kda_recur8_k<MODE, MM, ASYNC, C, LP>(b, qkv, g, dtb, Al, lb, bl, H, TT, o);
   });
 }
 
-/* returns the prefill launch's outputs and final states */
-template <int MM, int C> static std::vector<float> recur_case(const std::vector<int> &lens, float lb) {
+/* returns the prefill launch's outputs and final states (LP lanes per column) */
+template <int MM, int C, int LP = 8> static std::vector<float> recur_case(const std::vector<int> &lens, float lb) {
   enum { HD = 8 * MM };
   const int H = 2, inner = H * HD, ch = 3 * inner, nseg = (int)lens.size();
   int T = 0;
@@ -103,7 +103,7 @@ template <int MM, int C> static std::vector<float> recur_case(const std::vector<
   };
   /* prefill: every segment in one launch, 7-token tiles */
   std::vector<float> S(S0), o((size_t)T * inner, NAN);
-  bool ok = launch<KR_DECAY, MM, true, C>(t0s, lens, seg_states(S), qkv.data(), dec.data(), nullptr, nullptr, 0.f,
+  bool ok = launch<KR_DECAY, MM, true, C, LP>(t0s, lens, seg_states(S), qkv.data(), dec.data(), nullptr, nullptr, 0.f,
                                          beta.data(), H, 7, o.data());
   /* decode: one token per launch and segment, gate and beta from the raw
    * projections (tiles of one token); and the log-decay entry */
@@ -115,9 +115,9 @@ template <int MM, int C> static std::vector<float> recur_case(const std::vector<
     std::vector<float *> pd, pl;
     for (int z = 0; z < nseg; z++)
       if (u < lens[z]) tz.push_back(t0s[z] + u), lz.push_back(1), pd.push_back(&Sd[z * ns]), pl.push_back(&Sl[z * ns]);
-    ok = launch<KR_RAW, MM, false, C>(tz, lz, pd, qkv.data(), graw.data(), dtb.data(), Al.data(), lb, blg.data(), H, 1,
+    ok = launch<KR_RAW, MM, false, C, LP>(tz, lz, pd, qkv.data(), graw.data(), dtb.data(), Al.data(), lb, blg.data(), H, 1,
                                       od.data()) &&
-         launch<KR_LOG, MM, true, C>(tz, lz, pl, qkv.data(), lg.data(), nullptr, nullptr, 0.f, blg.data(), H, 1, ol.data());
+         launch<KR_LOG, MM, true, C, LP>(tz, lz, pl, qkv.data(), lg.data(), nullptr, nullptr, 0.f, blg.data(), H, 1, ol.data());
   }
   CHECK(ok, "hd %d, %d columns per group: the emulated kernel deadlocked", HD, C);
   const double eo = rows_rel_diff(oref.data(), o.data(), 1, (int)o.size());
@@ -125,11 +125,11 @@ template <int MM, int C> static std::vector<float> recur_case(const std::vector<
   const bool bits = !memcmp(o.data(), od.data(), o.size() * 4) && !memcmp(S.data(), Sd.data(), S.size() * 4) &&
                     !memcmp(o.data(), ol.data(), o.size() * 4) && !memcmp(S.data(), Sl.data(), S.size() * 4);
   char nm[96];
-  int k = snprintf(nm, sizeof nm, "hd %d, %d columns per group, lb %g, segments", HD, C, lb);
+  int k = snprintf(nm, sizeof nm, "hd %d, %d lanes x %d columns per group, lb %g, segments", HD, LP, C, lb);
   for (int z = 0; z < nseg && k < (int)sizeof nm - 8; z++) k += snprintf(nm + k, sizeof nm - k, " %d", lens[z]);
   CHECK(eo <= 1e-4 && es <= 1e-4, "%s: output err %.3g, state err %.3g > 1e-4", nm, eo, es);
   CHECK(bits, "%s: decode launches (raw gate / log decay) differ from the prefill launch", nm);
-  printf("kda recurrence, 8 lanes per column (emulated), %s: vs CPU output %.3g state %.3g (tol 1e-4); decode == prefill "
+  printf("kda recurrence (emulated), %s: vs CPU output %.3g state %.3g (tol 1e-4); decode == prefill "
          "bitwise %s\n", nm, eo, es, bits ? "yes" : "NO");
   o.insert(o.end(), S.begin(), S.end());
   return o;
@@ -146,6 +146,23 @@ int main() {
     r[v] = v == 0 ? recur_case<16, 4>(l1, -5.0f) : v == 1 ? recur_case<16, 2>(l1, -5.0f) : recur_case<16, 1>(l1, -5.0f);
   }
   CHECK(r[0] == r[1] && r[0] == r[2], "hd 128: 4, 2 and 1 columns per group give different bits");
+  /* 16 lanes per column (x4, x2) and 32 (y4): the same sums, so g4's bits, at hd 128 and 64 */
+  for (int v = 0; v < 3; v++) {
+    rf.s = SEED;
+    const std::vector<float> x = v == 0   ? recur_case<16, 4, 16>(l1, -5.0f)
+                                 : v == 1 ? recur_case<16, 2, 16>(l1, -5.0f)
+                                          : recur_case<16, 4, 32>(l1, -5.0f);
+    CHECK(x == r[0], "hd 128: %d lanes x %d columns per group differ from g4's bits", v == 2 ? 32 : 16, v == 1 ? 2 : 4);
+  }
+  {
+    rf.s = SEED ^ 1;
+    const std::vector<float> g8 = recur_case<8, 4>(l3, NAN);
+    rf.s = SEED ^ 1;
+    const std::vector<float> x8 = recur_case<8, 4, 16>(l3, NAN);
+    rf.s = SEED ^ 1;
+    const std::vector<float> x2 = recur_case<8, 2, 16>(l3, NAN);
+    CHECK(g8 == x8 && g8 == x2, "hd 64: 16 lanes per column differ from g4's bits");
+  }
   recur_case<16, 1>(l2, -5.0f);
   recur_case<16, 4>(l3, -5.0f);
   recur_case<8, 2>(l1, NAN); /* hd 64 (a block's columns past hd), the softplus gate */

@@ -6,7 +6,8 @@
  * would show as ~5e-4). Shapes: a width past one split with a partial last
  * split (D 300: 1200 columns), whole splits only (D 512), a token count
  * that leaves a partial warp and a partial block (T 37), and one split
- * narrower than 16 columns' multiple (D 6: 24 columns). Also: the same
+ * narrower than 16 columns' multiple (D 6: 24 columns); steps of 16 and of
+ * 32 columns (GLM53_GPU_MHC_K32). Also: the same
  * token's sums do not depend on T (the split count depends on the width
  * only), bitwise.
  *
@@ -33,13 +34,14 @@ static uint64_t rnd() {
 }
 static float rf() { return (float)((rnd() >> 11) * (2.0 / 9007199254740992.0) - 1.0); }
 
+template <int NV>
 static bool run(const std::vector<float> &X, const std::vector<float> &fn, int T, int n, std::vector<float> &mix,
                 std::vector<float> &ssq) {
   const int S = mt_splits(n);
   std::vector<float> part((size_t)S * T * MT_PART, NAN);
   mix.assign((size_t)T * MT_MIX, NAN);
   ssq.assign(T, NAN);
-  bool ok = emu_launch(dim3((T + 63) / 64, S), dim3(128), [&] { mhc_proj_tc_k(X.data(), fn.data(), T, n, part.data()); });
+  bool ok = emu_launch(dim3((T + 63) / 64, S), dim3(128), [&] { mhc_proj_tc_k<NV>(X.data(), fn.data(), T, n, part.data()); });
   ok = ok && emu_launch(dim3((T * MT_PART + 255) / 256), dim3(256),
                         [&] { mhc_proj_sum_k(part.data(), S, T, mix.data(), ssq.data()); });
   return ok;
@@ -62,7 +64,8 @@ static void ref_proj(const std::vector<float> &X, const std::vector<float> &fn, 
   }
 }
 
-static void mt_case(int T, int D) {
+/* NV: float4s per lane and step (1: 16 columns, 2: 32) */
+template <int NV> static void mt_case(int T, int D) {
   const int n = 4 * D;
   std::vector<float> X((size_t)T * n), fn((size_t)MT_MIX * n);
   for (auto &x : X) x = rf();
@@ -70,17 +73,17 @@ static void mt_case(int T, int D) {
   std::vector<float> rmix, rss;
   ref_proj(X, fn, T, n, rmix, rss);
   std::vector<float> mix, ssq;
-  const bool ok = run(X, fn, T, n, mix, ssq);
+  const bool ok = run<NV>(X, fn, T, n, mix, ssq);
   const double em = rows_rel_diff(rmix.data(), mix.data(), T, MT_MIX), es = rows_rel_diff(rss.data(), ssq.data(), 1, T);
-  CHECK(ok, "mhc proj tc T%d D%d: the emulated kernels deadlocked", T, D);
-  CHECK(em <= 2e-6 && es <= 2e-6, "mhc proj tc T%d D%d: mixraw err %.3g, ssq err %.3g (tol 2e-6)", T, D, em, es);
-  printf("mhc proj tensor-core form (emulated) T%-3d D%-4d %d split(s) vs float64: mixraw err %.3g, ssq err %.3g (tol 2e-6)\n",
-         T, D, mt_splits(n), em, es);
+  CHECK(ok, "mhc proj tc NV%d T%d D%d: the emulated kernels deadlocked", NV, T, D);
+  CHECK(em <= 2e-6 && es <= 2e-6, "mhc proj tc NV%d T%d D%d: mixraw err %.3g, ssq err %.3g (tol 2e-6)", NV, T, D, em, es);
+  printf("mhc proj tensor-core form (emulated) NV%d T%-3d D%-4d %d split(s) vs float64: mixraw err %.3g, ssq err %.3g (tol 2e-6)\n",
+         NV, T, D, mt_splits(n), em, es);
   /* the first 5 tokens alone: the same bits */
   std::vector<float> X5(X.begin(), X.begin() + (size_t)5 * n), mix5, ssq5;
-  const bool ok5 = run(X5, fn, 5, n, mix5, ssq5);
+  const bool ok5 = run<NV>(X5, fn, 5, n, mix5, ssq5);
   const bool same = ok5 && !memcmp(mix5.data(), mix.data(), (size_t)5 * MT_MIX * 4) && !memcmp(ssq5.data(), ssq.data(), 5 * 4);
-  CHECK(same, "mhc proj tc T%d D%d: the first 5 tokens differ from 5 alone", T, D);
+  CHECK(same, "mhc proj tc NV%d T%d D%d: the first 5 tokens differ from 5 alone", NV, T, D);
 }
 
 /* the fused kernel over T tokens of width D (X updated in place); moe:
@@ -178,9 +181,13 @@ static void fused_case(int T, int D, bool moe) {
 }
 
 int main() {
-  mt_case(37, 300);
-  mt_case(70, 512);
-  mt_case(9, 6);
+  mt_case<1>(37, 300);
+  mt_case<1>(70, 512);
+  mt_case<1>(9, 6);
+  /* 32 columns per step: a split ending half-way through a step (1200 columns), 24 columns */
+  mt_case<2>(37, 300);
+  mt_case<2>(70, 512);
+  mt_case<2>(9, 6);
   fused_case(37, 300, false);
   fused_case(37, 300, true);
   fused_case(70, 512, true);

@@ -36,9 +36,9 @@ static float rf() { return (float)((rnd() >> 11) * (2.0 / 9007199254740992.0) - 
 static float bf(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 
 /* BN 32 or 64: mla_flash_k with that many keys per tile; BN 0: the
- * warpgroup kernel mla_flash_wg_k (64 keys per tile, 128 tokens per block;
- * its blocks in groups of hg heads) */
-template <int NOPE, int VD, int BN, int DG = 0> static void flash_case(int H, int P, int K, int pos0, int T, int hg = 1) {
+ * warpgroup kernel mla_flash_wg_k (WBN keys per tile: 64 in one stage, 32
+ * in two; 128 tokens per block; its blocks in groups of hg heads) */
+template <int NOPE, int VD, int BN, int DG = 0, int WBN = 64> static void flash_case(int H, int P, int K, int pos0, int T, int hg = 1) {
   const int ctx = pos0 + T, lrows = (ctx + 7) / 8 * 8, ldh = 2 * (NOPE + VD);
   int pshift = 0;
   while ((1 << pshift) < P) pshift++;
@@ -107,7 +107,7 @@ template <int NOPE, int VD, int BN, int DG = 0> static void flash_case(int H, in
   std::vector<uint32_t> map((size_t)T * nw, 0xdeadbeefu);
   std::vector<float> out((size_t)T * H * VD, NAN);
   const float sl2 = (float)(scale * 1.4426950408889634);
-  bool ok = (BN ? mf_cfg<NOPE, VD, BN ? BN : 32>::smem : mw_cfg<NOPE, VD>::smem) <= sizeof emu_smem_buf;
+  bool ok = (BN ? mf_cfg<NOPE, VD, BN ? BN : 32>::smem : mw_cfg<NOPE, VD, WBN>::smem) <= sizeof emu_smem_buf;
   ok = ok && emu_launch(dim3(T), dim3(256), [&] { mf_selmap_k(dense.data(), np.data(), pools.data(), K, nw, map.data()); });
   if (BN)
     ok = ok && emu_launch(dim3((T + MF_BM - 1) / MF_BM, H), dim3(MF_THREADS), [&] {
@@ -116,11 +116,11 @@ template <int NOPE, int VD, int BN, int DG = 0> static void flash_case(int H, in
          });
   else
     ok = ok && emu_launch(dim3((T + MW_BM - 1) / MW_BM * H), dim3(MW_THREADS), [&] {
-           mla_flash_wg_k<NOPE, VD, DG>(q16.data(), kv.data(), dense.data(), tail.data(), map.data(), nw, &pos0, T, H, pshift,
+           mla_flash_wg_k<NOPE, VD, DG, WBN>(q16.data(), kv.data(), dense.data(), tail.data(), map.data(), nw, &pos0, T, H, pshift,
                                     lrows, sl2, hg, out.data());
          });
   const double err = rows_rel_diff(ref.data(), out.data(), T * H, VD);
-  const char *kern = BN == 64 ? "mma.sync 64" : BN ? "mma.sync 32" : DG ? "wgmma K early" : "wgmma 64  ";
+  const char *kern = BN == 64 ? "mma.sync 64" : BN ? "mma.sync 32" : DG ? "wgmma K early" : WBN == 32 ? "wgmma 32x2 " : "wgmma 64  ";
   CHECK(ok, "mla flash %d/%d, %s keys per tile: the emulated kernels deadlocked or do not fit", NOPE, VD, kern);
   CHECK(err <= 1e-4, "mla flash nope %d vd %d %s H%d/%d P%d K%d pos0 %d T%d: err %.3g > 1e-4", NOPE, VD, kern, H, hg, P, K,
         pos0, T, err);
@@ -156,5 +156,15 @@ int main() {
    * the bench's A/B of the order: same results) */
   flash_case<64, 32, 0, MW_DG_EARLYK>(1, 8, 4, 100, 150);
   flash_case<256, 256, 0, MW_DG_EARLYK>(1, 4, 16, 0, 200);
+  /* 32-key tiles in two stages: the cases above, tiles of 32 (pools of 1
+   * row: a tile's 32 pools fill one word; of 2 rows: half of one) */
+  flash_case<64, 32, 0, 0, 32>(2, 4, 3, 0, 70);
+  flash_case<64, 32, 0, 0, 32>(2, 4, 3, 100, 150, 2);
+  flash_case<64, 32, 0, 0, 32>(1, 8, 4, 100, 150);
+  flash_case<64, 32, 0, 0, 32>(1, 1, 40, 100, 150);
+  flash_case<64, 32, 0, 0, 32>(1, 2, 30, 100, 150);
+  flash_case<64, 32, 0, 0, 32>(1, 16, 3, 100, 150);
+  flash_case<256, 256, 0, 0, 32>(1, 4, 16, 40, 30);
+  flash_case<256, 256, 0, 0, 32>(1, 4, 16, 0, 200);
   TEST_DONE();
 }

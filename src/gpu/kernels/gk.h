@@ -175,6 +175,10 @@ int gk_mhc_proj(const gpu_mat *fn, const float *X, int T, int hc, int D, float *
  * the environment (GLM53_GPU_MHC_TC, default on), 0 the SIMT kernel, 1 on */
 void gk_set_mhc_tc(int on);
 int gk_mhc_tc_on(void);
+/* its steps of 32 columns (128 bytes of a row per warp; -1 the environment,
+ * GLM53_GPU_MHC_K32=1; default off, 16 columns, until measured) */
+void gk_set_mhc_k32(int on);
+int gk_mhc_k32(void);
 int gk_mhc_post(float *X, const float *a, const float *post, const float *comb, int T, int hc, int D);
 /* the same after a MoE: a = a (shared expert) + the routed outputs eo
  * weighted by wt in ascending expert id, as gk_moe_combine adds them (same
@@ -275,9 +279,11 @@ int gk_kda_chunked(const gk_batch *b, float *qkv, float *graw, const float *dt_b
 int gk_kda_out(float *o, const float *z, const float *w, int T, int H, int hd, float eps);
 /* the recurrence's layout, bench A/B (gk_layers.cu kr_layout; 0:
  * GLM53_GPU_KDA_LAYOUT, default g4): 32 lanes per column with 4 or 8
- * columns per warp (w4, w8), or 8 lanes per column with 1, 2 or 4 columns
- * per lane group (g1, g2, g4; head dims 32, 64, 128, else w4) */
-enum { GK_KR_DEFAULT = 0, GK_KR_W4, GK_KR_W8, GK_KR_G1, GK_KR_G2, GK_KR_G4 };
+ * columns per warp (w4, w8), 8 lanes per column with 1, 2 or 4 columns
+ * per lane group (g1, g2, g4; head dims 32, 64, 128, else w4), or 16 lanes
+ * per column with 2 or 4 columns (x2, x4: g4's bits; head dims 64, 128),
+ * or 32 lanes per column with 4 (y4: g4's bits; head dim 128) */
+enum { GK_KR_DEFAULT = 0, GK_KR_W4, GK_KR_W8, GK_KR_G1, GK_KR_G2, GK_KR_G4, GK_KR_X2, GK_KR_X4, GK_KR_Y4, GK_KR_N };
 void gk_set_kda_layout(int layout);
 
 /* ---- MLA + DSA indexer ---- */
@@ -365,6 +371,11 @@ int gk_mla_flash_bn(void);
 int gk_mla_flash_wg_detect(int cc_major, int cc_minor);
 void gk_set_mla_flash_wg(int on);
 int gk_mla_flash_wg(void);
+/* its keys per tile: -1 the environment (GLM53_GPU_MLA_FLASH_WG_BN, 64 by
+ * default: one stage of K and V tiles), 64, or 32 (two stages: the next
+ * tile loads during all of this one's work) */
+void gk_set_mla_flash_wg_bn(int bn);
+int gk_mla_flash_wg_bn(void);
 /* its two wgmma product forms alone (tests): D1 [64 x 64] = A . B, D2 [64
  * x 32] = A . B[:, :32] for bf16 A [64 x 16], B [16 x 64] row-major; mode
  * 0 the no-swizzle layout, 1 the same with the descriptors' LBO and SBO
@@ -382,7 +393,8 @@ int gk_mla_flash(const uint16_t *Q16, const uint16_t *KV3, const int *dense, con
                  uint32_t *map, float *out);
 /* timing diagnostics of the warpgroup kernel (bench only; its results are
  * then wrong): MW_DG_* bits of stages to leave out (gk_mla_flash_wg.cuh),
- * 0 none; -1 for a combination not compiled in */
+ * 0 none; -1 for a combination not compiled in for the keys per tile set
+ * now (gk_set_mla_flash_wg_bn first) */
 int gk_set_mla_flash_wg_diag(int dg);
 /* its block order: groups of hg heads (hg dividing H, else 1), each
  * group's token tiles for its heads in turn; -1 the environment

@@ -211,33 +211,111 @@ template <int MM> __device__ __forceinline__ void kr8_rows(const float *v, int s
     out[4 * q] = x.x, out[4 * q + 1] = x.y, out[4 * q + 2] = x.z, out[4 * q + 3] = x.w;
   }
 }
-/* threads per block: NW = 16 / C warps */
-template <int C> __host__ __device__ constexpr int kr8_threads() { return 32 * (16 / C); }
+/* ---- 16 or 32 lanes per column (layouts x4, x2, y4) ----
+ * The same per-column sums with each column's rows over LP = 16 or 32
+ * lanes: the bits of a lane above its 8-lane group index (u = lane >> 3
+ * within the column's lanes) pick which of kr8_tree's MM / 4 chains it
+ * holds (chains u NQ .. u NQ + NQ - 1, NQ = MM / 4 / (LP / 8)), so its own
+ * tree is the subtree of those chains; the first shuffle stages (lanes 8,
+ * then 16 apart) add the subtrees level by level, which are kr8_tree's
+ * last levels, and kr8_reduce2's stages follow: every column's sum is the
+ * same tree of the same products, so x4, x2 and y4 give g4's bits. Two or
+ * four times the warps per block for the same columns (the recurrence is
+ * latency-bound at one warp per scheduler in g4) and fewer registers per
+ * lane. Needs MM / 4 >= LP / 8 (x: head dims 64, 128; y: 128). */
+/* the lane's MM * 8 / LP rows of a shared or global vector */
+template <int MM, int LP> __device__ __forceinline__ void krx_rows(const float *v, int lane, float *out) {
+  constexpr int NQ = MM / 4 / (LP / 8);
+  const int s = lane & 7, u = (lane >> 3) & (LP / 8 - 1);
+#pragma unroll
+  for (int q = 0; q < NQ; q++) {
+    const float4 x = *(const float4 *)(v + 32 * (q + u * NQ) + 4 * s);
+    out[4 * q] = x.x, out[4 * q + 1] = x.y, out[4 * q + 2] = x.z, out[4 * q + 3] = x.w;
+  }
+}
+/* after krx_reduce2 the lane holds the sum of column krx_col(lane) of its
+ * C; krx_lane(c) is a lane (within the column's LP) holding column c. Each
+ * stage above bit 2 keeps the upper half of the lane's columns where the
+ * stage's bit is set. */
+template <int C, int LP> __device__ __forceinline__ int krx_col(int lane) {
+  int col = 0, cc = C;
+#pragma unroll
+  for (int b = 3; (1 << b) < LP; b++)
+    if (cc > 1) col += ((lane >> b) & 1) * (cc / 2), cc /= 2;
+  return col + (cc == 4 ? kr8_col<4>(lane & 7) : cc == 2 ? kr8_col<2>(lane & 7) : 0);
+}
+template <int C, int LP> __device__ __forceinline__ int krx_lane(int c) {
+  int lane = 0, cc = C;
+#pragma unroll
+  for (int b = 3; (1 << b) < LP; b++)
+    if (cc > 1) {
+      const int hi = c >= cc / 2;
+      lane |= hi << b, c -= hi * (cc / 2), cc /= 2;
+    }
+  return lane + (cc == 4 ? kr8_lane<4>(c) : cc == 2 ? kr8_lane<2>(c) : 0);
+}
+/* the LP-lane sums: the stage of lane bit B (lanes 2^B apart; columns C /
+ * 2 .. C - 1 go to the lane with the bit set), the next bit, then
+ * kr8_reduce2 */
+template <int C, int LP, int B = 3>
+__device__ __forceinline__ void krx_reduce2(const float *x, const float *y, int lane, float *rx, float *ry) {
+  if constexpr ((1 << B) >= LP) kr8_reduce2<C>(x, y, lane & 7, rx, ry);
+  else {
+    constexpr int CH = C > 1 ? C / 2 : 1;
+    const bool u = (lane >> B) & 1;
+    float hx[CH], hy[CH];
+#pragma unroll
+    for (int c = 0; c < CH; c++) {
+      if (C > 1) {
+        const float sa = __shfl_xor_sync(0xffffffffu, u ? x[c] : x[c + CH], 1 << B);
+        const float sb = __shfl_xor_sync(0xffffffffu, u ? y[c] : y[c + CH], 1 << B);
+        hx[c] = (u ? x[c + CH] : x[c]) + sa;
+        hy[c] = (u ? y[c + CH] : y[c]) + sb;
+      } else {
+        hx[c] = x[c] + __shfl_xor_sync(0xffffffffu, x[c], 1 << B);
+        hy[c] = y[c] + __shfl_xor_sync(0xffffffffu, y[c], 1 << B);
+      }
+    }
+    krx_reduce2<CH, LP, B + 1>(hx, hy, lane, rx, ry);
+  }
+}
+/* threads per block of 64 columns: 16 / C warps with 8 lanes per column,
+ * 32 / C with 16, 64 / C with 32 */
+template <int C, int LP = 8> __host__ __device__ constexpr int kr8_threads() { return 32 * (LP / 8) * (16 / C); }
 
-/* grid (H, ceil(hd / KR8_COLS), nseg), kr8_threads<C>() threads; the
- * shared tiles as kr_tile_floats(hd, TT, KR8_COLS), twice when ASYNC */
-template <int MODE, int MM, bool ASYNC, int C>
-__global__ void __launch_bounds__(kr8_threads<C>()) kda_recur8_k(gk_batch b, const float *qkv, const float *g,
-                                                                 const float *dt_bias, const float *A_log, float lb,
-                                                                 const float *bl, int H, int TT, float *o) {
+/* grid (H, ceil(hd / KR8_COLS), nseg), kr8_threads<C, LP>() threads; the
+ * shared tiles as kr_tile_floats(hd, TT, KR8_COLS), twice when ASYNC. LP:
+ * lanes per column, 8, 16 or 32 (above) */
+template <int MODE, int MM, bool ASYNC, int C, int LP = 8>
+__global__ void __launch_bounds__((kr8_threads<C, LP>())) kda_recur8_k(gk_batch b, const float *qkv, const float *g,
+                                                                     const float *dt_bias, const float *A_log, float lb,
+                                                                     const float *bl, int H, int TT, float *o) {
   GK_PDL_BEGIN();
-  enum { HD = 8 * MM, CPW = 4 * C };
+  /* C >= LP / 8: every stage above bit 2 halves the lane's columns (else
+   * the lanes sharing a column are not the ones olane assumes) */
+  static_assert(LP == 8 || ((LP == 16 || LP == 32) && MM / 4 >= LP / 8 && C >= LP / 8), "16 or 32 lanes per column");
+  enum { HD = 8 * MM, CPW = (32 / LP) * C, MR = MM * 8 / LP }; /* MR rows per lane */
   GK_DYN_SMEM(float, kr8_sh);
-  const int h = blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31, s = lane & 7, gp = lane >> 3;
+  const int h = blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31, s = lane & 7, gp = lane / LP;
+  const int u = (lane >> 3) & (LP / 8 - 1); /* which of a column's 8-lane groups (16 or 32 lanes per column) */
   const int c0 = blockIdx.y * KR8_COLS, cl = w * CPW + gp * C; /* the lane's first column, block-local */
-  const int my = cl + kr8_col<C>(s);                            /* the column whose sums the lane ends with */
+  const int my = cl + (LP == 8 ? kr8_col<C>(s) : krx_col<C, LP>(lane)); /* the column whose sums the lane ends with */
+  auto rows = [&](const float *v, float *out) {
+    if (LP == 8) kr8_rows<MM>(v, s, out);
+    else krx_rows<MM, LP>(v, lane, out);
+  };
   const gk_seg sg = b.seg[blockIdx.z];
   const int t0 = sg.t0, T = t0 + sg.len, inner = H * HD;
   float *S = sg.ls[b.layer].p[GK_ST_S];
   const size_t tf = kr_tile_floats(HD, TT, KR8_COLS);
-  float st[C][MM];
+  float st[C][MR];
 #pragma unroll
   for (int c = 0; c < C; c++) {
     const int j = c0 + cl + c;
-    if (j < HD) kr8_rows<MM>(S + ((size_t)h * HD + j) * HD, s, st[c]);
+    if (j < HD) rows(S + ((size_t)h * HD + j) * HD, st[c]);
     else
 #pragma unroll
-      for (int m = 0; m < MM; m++) st[c][m] = 0.f;
+      for (int m = 0; m < MR; m++) st[c][m] = 0.f;
   }
   const kr_src src{qkv, g, dt_bias, A_log, bl, lb, H, HD, h, c0, TT};
   kr_first<MODE, ASYNC, KR8_COLS>(src, t0, T, kr8_sh);
@@ -248,7 +326,7 @@ __global__ void __launch_bounds__(kr8_threads<C>()) kda_recur8_k(gk_batch b, con
 #pragma unroll
   for (int c = 0; c < C; c++) po[c] = 0.f;
   int tp = -1;
-  const bool olane = (s & (8 / C - 1)) == 0 && c0 + my < HD; /* one lane per column stores */
+  const bool olane = (lane & (LP / C - 1)) == 0 && c0 + my < HD; /* one lane per column stores */
   const size_t ocol = (size_t)h * HD + c0 + my;
   int n = 0;
   for (int tb = t0; tb < T; tb += TT, n++) {
@@ -256,19 +334,19 @@ __global__ void __launch_bounds__(kr8_threads<C>()) kda_recur8_k(gk_batch b, con
     const float *cur = kr_tile<MODE, ASYNC, KR8_COLS>(src, tb, T, n, kr8_sh, tf);
     const float *qs = cur, *ks = qs + (size_t)TT * HD, *as = ks + (size_t)TT * HD, *vs = as + (size_t)TT * HD,
                 *bs = vs + (size_t)TT * KR8_COLS;
-    for (int u = 0; u < nt; u++) {
-      float av[MM], kv[MM], qv[MM], p[C];
-      kr8_rows<MM>(as + u * HD, s, av);
-      kr8_rows<MM>(ks + u * HD, s, kv);
-      kr8_rows<MM>(qs + u * HD, s, qv);
+    for (int k = 0; k < nt; k++) {
+      float av[MR], kv[MR], qv[MR], p[C];
+      rows(as + k * HD, av);
+      rows(ks + k * HD, kv);
+      rows(qs + k * HD, qv);
       if (ASYNC && MODE == KR_LOG) /* the async copy is raw */
 #pragma unroll
-        for (int m = 0; m < MM; m++) av[m] = expf(av[m]);
+        for (int m = 0; m < MR; m++) av[m] = expf(av[m]);
 #pragma unroll
       for (int c = 0; c < C; c++) {
-        float r[MM / 4];
+        float r[MR / 4];
 #pragma unroll
-        for (int q = 0; q < MM / 4; q++) {
+        for (int q = 0; q < MR / 4; q++) {
           r[q] = 0.f;
 #pragma unroll
           for (int e = 0; e < 4; e++) {
@@ -276,18 +354,20 @@ __global__ void __launch_bounds__(kr8_threads<C>()) kda_recur8_k(gk_batch b, con
             r[q] += st[c][4 * q + e] * kv[4 * q + e];
           }
         }
-        p[c] = kr8_tree<MM>(r);
+        p[c] = kr8_tree<MR>(r);
       }
       float r, ov;
-      kr8_reduce2<C>(p, po, s, &r, &ov);
+      if (LP == 8) kr8_reduce2<C>(p, po, s, &r, &ov);
+      else krx_reduce2<C, LP>(p, po, lane, &r, &ov);
       if (tp >= 0 && olane) o[(size_t)tp * inner + ocol] = ov;
-      const float delta = (MODE == KR_DECAY ? bs[u] : sigm(bs[u])) * (vs[u * KR8_COLS + my] - r);
+      const float delta = (MODE == KR_DECAY ? bs[k] : sigm(bs[k])) * (vs[k * KR8_COLS + my] - r);
 #pragma unroll
       for (int c = 0; c < C; c++) {
-        const float d = C == 1 ? delta : __shfl_sync(0xffffffffu, delta, (gp << 3) + kr8_lane<C>(c));
-        float oo[MM / 4];
+        const float d = C == 1 ? delta
+                               : __shfl_sync(0xffffffffu, delta, gp * LP + (LP == 8 ? kr8_lane<C>(c) : krx_lane<C, LP>(c)));
+        float oo[MR / 4];
 #pragma unroll
-        for (int q = 0; q < MM / 4; q++) {
+        for (int q = 0; q < MR / 4; q++) {
           oo[q] = 0.f;
 #pragma unroll
           for (int e = 0; e < 4; e++) {
@@ -295,15 +375,16 @@ __global__ void __launch_bounds__(kr8_threads<C>()) kda_recur8_k(gk_batch b, con
             oo[q] += st[c][4 * q + e] * qv[4 * q + e];
           }
         }
-        po[c] = kr8_tree<MM>(oo);
+        po[c] = kr8_tree<MR>(oo);
       }
-      tp = tb + u;
+      tp = tb + k;
     }
     if (ASYNC) __syncthreads(); /* cur is the target of the copy issued next round */
   }
   if (tp >= 0) { /* the last token's output (tp is the same in every thread) */
     float r, ov;
-    kr8_reduce2<C>(po, po, s, &r, &ov);
+    if (LP == 8) kr8_reduce2<C>(po, po, s, &r, &ov);
+    else krx_reduce2<C, LP>(po, po, lane, &r, &ov);
     if (olane) o[(size_t)tp * inner + ocol] = ov;
   }
 #pragma unroll
@@ -312,8 +393,9 @@ __global__ void __launch_bounds__(kr8_threads<C>()) kda_recur8_k(gk_batch b, con
     if (j >= HD) continue;
     float *Sj = S + ((size_t)h * HD + j) * HD;
 #pragma unroll
-    for (int q = 0; q < MM / 4; q++)
-      *(float4 *)(Sj + 32 * q + 4 * s) = make_float4(st[c][4 * q], st[c][4 * q + 1], st[c][4 * q + 2], st[c][4 * q + 3]);
+    for (int q = 0; q < MR / 4; q++)
+      *(float4 *)(Sj + 32 * (q + u * (MR / 4)) + 4 * s) =
+          make_float4(st[c][4 * q], st[c][4 * q + 1], st[c][4 * q + 2], st[c][4 * q + 3]);
   }
 }
 #endif

@@ -435,6 +435,12 @@ extern "C" int gk_mhc_tc_on(void) {
   if (g_mhc_tc < 0) g_mhc_tc = !GK_HIP && !(getenv("GLM53_GPU_MHC_TC") && !strcmp(getenv("GLM53_GPU_MHC_TC"), "0"));
   return g_mhc_tc && !GK_HIP;
 }
+static int g_mhc_k32 = -1; /* GLM53_GPU_MHC_K32=1: mhc_proj_tc_k's 128-byte steps (NV 2) */
+extern "C" void gk_set_mhc_k32(int on) { g_mhc_k32 = on < 0 ? -1 : !!on; }
+extern "C" int gk_mhc_k32(void) {
+  if (g_mhc_k32 < 0) g_mhc_k32 = getenv("GLM53_GPU_MHC_K32") && !strcmp(getenv("GLM53_GPU_MHC_K32"), "1");
+  return g_mhc_k32;
+}
 extern "C" int gk_mhc_proj(const gpu_mat *fn, const float *X, int T, int hc, int D, float *mixraw, float *ssq) {
   const int n = hc * D, mix = (2 + hc) * hc;
   if (fn->fmt != GF_F32 || fn->rows != mix || fn->cols != n || mix != 24 || n % 4 || (uintptr_t)X % 16 ||
@@ -445,7 +451,10 @@ extern "C" int gk_mhc_proj(const gpu_mat *fn, const float *X, int T, int hc, int
     const int S = mt_splits(n);
     float *part = (float *)gk_scratch_grow(&g_mt_part, (size_t)S * T * MT_PART * 4);
     if (!part) return -1;
-    gk_launch(mhc_proj_tc_k, dim3((unsigned)((T + 63) / 64), (unsigned)S), 128, 0, X, (const float *)fn->d, T, n, part);
+    if (gk_mhc_k32())
+      gk_launch(mhc_proj_tc_k<2>, dim3((unsigned)((T + 63) / 64), (unsigned)S), 128, 0, X, (const float *)fn->d, T, n, part);
+    else
+      gk_launch(mhc_proj_tc_k<1>, dim3((unsigned)((T + 63) / 64), (unsigned)S), 128, 0, X, (const float *)fn->d, T, n, part);
     if (GK_LAUNCHED("mhc proj (tensor cores)")) return -1;
     gk_launch(mhc_proj_sum_k, gk_blocks((size_t)T * MT_PART, 256), 256, 0, (const float *)part, S, T, mixraw, ssq);
     return GK_LAUNCHED("mhc proj sums") ? -1 : 0;
@@ -1045,23 +1054,27 @@ __global__ void kda_decay4_k(float4 *g, float *bl, const float *dt_bias, const f
 
 /* The recurrence's layout (GLM53_GPU_KDA_LAYOUT, gk_set_kda_layout): g1 /
  * g2 / g4, 8 lanes per column with 1, 2 or 4 columns per lane group
- * (kda_recur8_k; head dims 32, 64 and 128), or w4 / w8, 32 lanes per column
+ * (kda_recur8_k; head dims 32, 64 and 128), x2 / x4 the same with 16 lanes
+ * per column and y4 with 32 (g4's bits, twice / four times the warps; head
+ * dims 64 and 128, y4 128; else g4),
+ * or w4 / w8, 32 lanes per column
  * and 4 or 8 columns per warp (kda_recur_k, any head dim; w4 was the
  * default until the ninth session: H200, 4096-token prefill, w4 567 vs w8
  * 599 ms; 2 columns 619, the token loop unrolled by 2 +4..16 ms: both
  * removed). Each is another reduction order, the same for decode and
  * prefill (the choice depends on the head dim only). */
 static int g_kr_layout;
-extern "C" void gk_set_kda_layout(int layout) { g_kr_layout = layout > 0 && layout <= GK_KR_G4 ? layout : 0; }
+extern "C" void gk_set_kda_layout(int layout) { g_kr_layout = layout > 0 && layout < GK_KR_N ? layout : 0; }
 static int kr_layout(int hd) {
   if (!g_kr_layout) {
     const char *e = getenv("GLM53_GPU_KDA_LAYOUT");
-    static const char *nm[] = {"", "w4", "w8", "g1", "g2", "g4"};
+    static const char *nm[GK_KR_N] = {"", "w4", "w8", "g1", "g2", "g4", "x2", "x4", "y4"};
     g_kr_layout = GK_KR_G4;
-    for (int i = 1; e && i <= GK_KR_G4; i++)
+    for (int i = 1; e && i < GK_KR_N; i++)
       if (!strcmp(e, nm[i])) g_kr_layout = i;
   }
   const bool g = hd == 32 || hd == 64 || hd == 128;
+  if ((g_kr_layout >= GK_KR_X2 && hd == 32) || (g_kr_layout == GK_KR_Y4 && hd != 128)) return GK_KR_G4; /* 16 / 32 lanes per column: 8 / 4 rows per lane */
   return g_kr_layout >= GK_KR_G1 && !g ? GK_KR_W4 : g_kr_layout;
 }
 /* tokens per tile: what fits in `budget` bytes (48 KB: no opt-in shared
@@ -1101,16 +1114,16 @@ static size_t kr8_one_per_sm(int *sms) {
   return (size_t)v;
 }
 /* the instantiation's opt-in to `bytes` of dynamic shared memory, once */
-template <int MODE, int MM, int C, bool ASYNC> static bool kr8_smem(size_t bytes) {
+template <int MODE, int MM, int C, bool ASYNC, int LP> static bool kr8_smem(size_t bytes) {
   static int ok = -1;
   if (ok < 0) {
-    ok = cudaFuncSetAttribute((const void *)kda_recur8_k<MODE, MM, ASYNC, C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              (int)bytes) == cudaSuccess;
+    ok = cudaFuncSetAttribute((const void *)kda_recur8_k<MODE, MM, ASYNC, C, LP>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes) == cudaSuccess;
     if (!ok) (void)cudaGetLastError();
   }
   return ok;
 }
-template <int MODE, int MM, int C, bool ASYNC>
+template <int MODE, int MM, int C, bool ASYNC, int LP>
 static void kr8_launch(const gk_batch *b, const float *qkv, const float *g, const float *dt_bias, const float *A_log,
                        float lb, const float *bl, int T, int H, float *o) {
   /* long launches (the copied tiles: prefill, never in a decode graph, so
@@ -1120,21 +1133,29 @@ static void kr8_launch(const gk_batch *b, const float *qkv, const float *g, cons
   int sms = 0;
   const size_t one = ASYNC ? kr8_one_per_sm(&sms) : 0;
   dim3 grid(H, gk_blocks(8 * MM, KR8_COLS), b->nseg);
-  const bool big = one > 48 * 1024 && (long)grid.x * grid.y * grid.z <= sms && kr8_smem<MODE, MM, C, ASYNC>(one);
+  const bool big = one > 48 * 1024 && (long)grid.x * grid.y * grid.z <= sms && kr8_smem<MODE, MM, C, ASYNC, LP>(one);
   size_t sm;
   const int tt = kr_tile_tokens(8 * MM, KR8_COLS, b->maxlen, ASYNC, big ? one : 48 * 1024, &sm);
   if (big) sm = one;
-  gk_launch(kda_recur8_k<MODE, MM, ASYNC, C>, grid, kr8_threads<C>(), sm, *b, qkv, g, dt_bias, A_log, lb, bl, H, tt, o);
+  gk_launch(kda_recur8_k<MODE, MM, ASYNC, C, LP>, grid, kr8_threads<C, LP>(), sm, *b, qkv, g, dt_bias, A_log, lb, bl, H, tt,
+            o);
 }
 template <int MODE, int MM>
 static void kr8_run(int layout, const gk_batch *b, const float *qkv, const float *g, const float *dt_bias,
                     const float *A_log, float lb, const float *bl, int T, int H, float *o, bool async) {
-#define KR8_L(C)                                                                     \
-  (async ? kr8_launch<MODE, MM, C, true>(b, qkv, g, dt_bias, A_log, lb, bl, T, H, o) \
-         : kr8_launch<MODE, MM, C, false>(b, qkv, g, dt_bias, A_log, lb, bl, T, H, o))
-  if (layout == GK_KR_G1) KR8_L(1);
-  else if (layout == GK_KR_G4) KR8_L(4);
-  else KR8_L(2);
+#define KR8_L(C, LP)                                                                     \
+  (async ? kr8_launch<MODE, MM, C, true, LP>(b, qkv, g, dt_bias, A_log, lb, bl, T, H, o) \
+         : kr8_launch<MODE, MM, C, false, LP>(b, qkv, g, dt_bias, A_log, lb, bl, T, H, o))
+  if (layout == GK_KR_G1) KR8_L(1, 8);
+  else if (layout == GK_KR_G2) KR8_L(2, 8);
+  else if constexpr (MM % 8 == 0) { /* x2 / x4 / y4 (kr_layout gives g4 where they do not apply) */
+    if (layout == GK_KR_X4) KR8_L(4, 16);
+    else if (layout == GK_KR_X2) KR8_L(2, 16);
+    else if constexpr (MM % 16 == 0) {
+      if (layout == GK_KR_Y4) KR8_L(4, 32);
+      else KR8_L(4, 8);
+    } else KR8_L(4, 8);
+  } else KR8_L(4, 8);
 #undef KR8_L
 }
 template <int MODE, int MM, int CPW>

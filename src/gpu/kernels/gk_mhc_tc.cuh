@@ -100,7 +100,15 @@ __device__ __forceinline__ void mt_store(float *part, int s, int T, int ra, int 
   if (t4 == 0 && okb) pb[MT_MIX] = ss[1];
 }
 
-__global__ void __launch_bounds__(128, 6) mhc_proj_tc_k(const float *X, const float *fn, int T, int n, float *part) {
+/* NV float4s of a row per lane and step: NV 1, a warp's step reads 64
+ * contiguous bytes of each of its 32 rows (16 columns; the first kernel);
+ * NV 2 (GLM53_GPU_MHC_K32=1), 128 bytes (32 columns: whole 128-byte lines,
+ * twice the bytes in flight per warp, 4 blocks per SM). A lane's float4 v
+ * holds columns 4 (NV t + v) .. + 3: logical k t / t + 4 of two k8 steps,
+ * in fn as in X. */
+template <int NV = 1>
+__global__ void __launch_bounds__(128, NV == 1 ? 6 : 4) mhc_proj_tc_k(const float *X, const float *fn, int T, int n,
+                                                                      float *part) {
   GK_PDL_BEGIN();
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
   const int t0 = (blockIdx.x * 4 + w) * 16, s = blockIdx.y, c0 = s * MT_COLS, c1 = min(n, c0 + MT_COLS);
@@ -112,32 +120,44 @@ __global__ void __launch_bounds__(128, 6) mhc_proj_tc_k(const float *X, const fl
   float c[3][4], ss[2] = {0.f, 0.f};
 #pragma unroll
   for (int j = 0; j < 3; j++) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.f;
-  float4 a, b, f[3];
+  float4 a[NV], b[NV], f[3][NV];
   auto load = [&](int cb) { /* n % 4 == 0: a float4 is all in or all out */
-    const int col = cb + 4 * t4;
-    const bool ok = col < c1;
-    a = ok && oka ? __ldg((const float4 *)(xa + col)) : z4;
-    b = ok && okb ? __ldg((const float4 *)(xb + col)) : z4;
 #pragma unroll
-    for (int j = 0; j < 3; j++) f[j] = ok ? __ldg((const float4 *)(fn + (size_t)(8 * j + g) * n + col)) : z4;
+    for (int v = 0; v < NV; v++) {
+      const int col = cb + 4 * (NV * t4 + v);
+      const bool ok = col < c1;
+      a[v] = ok && oka ? __ldg((const float4 *)(xa + col)) : z4;
+      b[v] = ok && okb ? __ldg((const float4 *)(xb + col)) : z4;
+#pragma unroll
+      for (int j = 0; j < 3; j++) f[j][v] = ok ? __ldg((const float4 *)(fn + (size_t)(8 * j + g) * n + col)) : z4;
+    }
   };
   load(c0);
-#pragma unroll 2
-  for (int cb = c0; cb < c1; cb += 16) {
-    const float4 ca = a, cbv = b, cf0 = f[0], cf1 = f[1], cf2 = f[2];
-    if (cb + 16 < c1) load(cb + 16); /* the next step's loads in flight during this one's products */
-    ss[0] += ca.x * ca.x;
-    ss[0] += ca.y * ca.y;
-    ss[0] += ca.z * ca.z;
-    ss[0] += ca.w * ca.w;
-    ss[1] += cbv.x * cbv.x;
-    ss[1] += cbv.y * cbv.y;
-    ss[1] += cbv.z * cbv.z;
-    ss[1] += cbv.w * cbv.w;
-    const float f01[3][2] = {{cf0.x, cf0.y}, {cf1.x, cf1.y}, {cf2.x, cf2.y}};
-    const float f23[3][2] = {{cf0.z, cf0.w}, {cf1.z, cf1.w}, {cf2.z, cf2.w}};
-    mt_step(c, ca.x, cbv.x, ca.y, cbv.y, f01);
-    mt_step(c, ca.z, cbv.z, ca.w, cbv.w, f23);
+#pragma unroll(NV == 1 ? 2 : 1)
+  for (int cb = c0; cb < c1; cb += 16 * NV) {
+    float4 ca[NV], cbv[NV], cf[3][NV];
+#pragma unroll
+    for (int v = 0; v < NV; v++) {
+      ca[v] = a[v], cbv[v] = b[v];
+#pragma unroll
+      for (int j = 0; j < 3; j++) cf[j][v] = f[j][v];
+    }
+    if (cb + 16 * NV < c1) load(cb + 16 * NV); /* the next step's loads in flight during this one's products */
+#pragma unroll
+    for (int v = 0; v < NV; v++) {
+      ss[0] += ca[v].x * ca[v].x;
+      ss[0] += ca[v].y * ca[v].y;
+      ss[0] += ca[v].z * ca[v].z;
+      ss[0] += ca[v].w * ca[v].w;
+      ss[1] += cbv[v].x * cbv[v].x;
+      ss[1] += cbv[v].y * cbv[v].y;
+      ss[1] += cbv[v].z * cbv[v].z;
+      ss[1] += cbv[v].w * cbv[v].w;
+      const float f01[3][2] = {{cf[0][v].x, cf[0][v].y}, {cf[1][v].x, cf[1][v].y}, {cf[2][v].x, cf[2][v].y}};
+      const float f23[3][2] = {{cf[0][v].z, cf[0][v].w}, {cf[1][v].z, cf[1][v].w}, {cf[2][v].z, cf[2][v].w}};
+      mt_step(c, ca[v].x, cbv[v].x, ca[v].y, cbv[v].y, f01);
+      mt_step(c, ca[v].z, cbv[v].z, ca[v].w, cbv[v].w, f23);
+    }
   }
   mt_store(part, s, T, ra, rb, oka, okb, t4, c, ss);
 }

@@ -53,18 +53,18 @@ static int mf_run(const uint16_t *Q16, const uint16_t *KV3, const int *dense, co
   return GK_LAUNCHED("mla flash") ? -1 : 0;
 }
 
-template <int NOPE, int VD, int DG = 0>
+template <int NOPE, int VD, int DG = 0, int BN = 64>
 static int mw_run(const uint16_t *Q16, const uint16_t *KV3, const int *dense, const int *tail, const uint32_t *map, int nw,
                   const int *dpos, int T, int H, int pshift, int lrows, float sl2, float *out) {
-  using C = mw_cfg<NOPE, VD>;
+  using C = mw_cfg<NOPE, VD, BN>;
   static int attr;
   if (!attr) {
-    GK_TRY(cudaFuncSetAttribute((const void *)mla_flash_wg_k<NOPE, VD, DG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    GK_TRY(cudaFuncSetAttribute((const void *)mla_flash_wg_k<NOPE, VD, DG, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)C::smem));
     attr = 1;
   }
   const int hg = H % gk_mla_flash_wg_hg() ? 1 : gk_mla_flash_wg_hg();
-  gk_launch(mla_flash_wg_k<NOPE, VD, DG>, dim3((T + MW_BM - 1) / MW_BM * H), MW_THREADS, C::smem, Q16, KV3, dense, tail,
+  gk_launch(mla_flash_wg_k<NOPE, VD, DG, BN>, dim3((T + MW_BM - 1) / MW_BM * H), MW_THREADS, C::smem, Q16, KV3, dense, tail,
             map, nw, dpos, T, H, pshift, lrows, sl2, hg, out);
   return GK_LAUNCHED("mla flash (wgmma)") ? -1 : 0;
 }
@@ -175,11 +175,23 @@ extern "C" int gk_mla_flash_wg_hg(void) {
   }
   return g_wg_hg;
 }
+static int g_wg_bn = -1; /* GLM53_GPU_MLA_FLASH_WG_BN: keys per tile, 64 (one stage) or 32 (two stages) */
+extern "C" void gk_set_mla_flash_wg_bn(int bn) { g_wg_bn = bn == 32 || bn == 64 ? bn : -1; }
+extern "C" int gk_mla_flash_wg_bn(void) {
+  if (g_wg_bn < 0) {
+    const char *e = getenv("GLM53_GPU_MLA_FLASH_WG_BN");
+    g_wg_bn = e && atoi(e) == 32 ? 32 : 64;
+  }
+  return g_wg_bn;
+}
 static int g_wg_diag; /* gk_set_mla_flash_wg_diag: MW_DG_* bits (bench only) */
 extern "C" int gk_set_mla_flash_wg_diag(int dg) {
-  static const int have[] = {0, 1, 2, 4, 6, 8, 9, 14, 15, 16}; /* the instantiations in gk_mla_flash */
-  for (size_t i = 0; i < sizeof have / sizeof have[0]; i++)
-    if (have[i] == dg) return g_wg_diag = dg, 0;
+  /* the instantiations in gk_mla_flash: 64 keys per tile, 32 */
+  static const int have[] = {0, 1, 2, 4, 6, 8, 9, 14, 15, 16}, have32[] = {0, 1, 9, 14};
+  const int n32 = gk_mla_flash_wg_bn() == 32;
+  const int *h = n32 ? have32 : have, nh = n32 ? (int)(sizeof have32 / sizeof *have32) : (int)(sizeof have / sizeof *have);
+  for (int i = 0; i < nh; i++)
+    if (h[i] == dg) return g_wg_diag = dg, 0;
   return -1;
 }
 extern "C" int gk_mla_flash_wg(void) {
@@ -220,6 +232,13 @@ int gk_mla_flash(const uint16_t *Q16, const uint16_t *KV3, const int *dense, con
   const float sl2 = scale * 1.4426950408889634f;
 #define MF_RUN(N, V, B) mf_run<N, V, B>(Q16, KV3, dense, tail, map, nw, dpos, T, H, pshift, lrows, sl2, out)
 #define MW_RUN(N, V, D) mw_run<N, V, D>(Q16, KV3, dense, tail, map, nw, dpos, T, H, pshift, lrows, sl2, out)
+#define MW_RUN2(N, V, D) mw_run<N, V, D, 32>(Q16, KV3, dense, tail, map, nw, dpos, T, H, pshift, lrows, sl2, out)
+  const int two = gk_mla_flash_wg_bn() == 32; /* 32 keys per tile in two stages */
+  if (gk_mla_flash_wg() && nope == 256 && g_wg_diag && two) switch (g_wg_diag) { /* timing diagnostics (bench) */
+    case 1: return MW_RUN2(256, 256, 1);
+    case 9: return MW_RUN2(256, 256, 9);
+    default: return MW_RUN2(256, 256, 14);
+    }
   if (gk_mla_flash_wg() && nope == 256 && g_wg_diag) switch (g_wg_diag) { /* timing diagnostics (bench) */
     case 1: return MW_RUN(256, 256, 1);
     case 2: return MW_RUN(256, 256, 2);
@@ -231,12 +250,14 @@ int gk_mla_flash(const uint16_t *Q16, const uint16_t *KV3, const int *dense, con
     case 16: return MW_RUN(256, 256, 16);
     default: return MW_RUN(256, 256, 15);
     }
+  if (gk_mla_flash_wg() && two) return nope == 256 ? MW_RUN2(256, 256, 0) : MW_RUN2(64, 32, 0);
   if (gk_mla_flash_wg()) return nope == 256 ? MW_RUN(256, 256, 0) : MW_RUN(64, 32, 0);
   const int bn = gk_mla_flash_bn();
   if (nope == 256) return bn == 32 ? MF_RUN(256, 256, 32) : MF_RUN(256, 256, 64);
   return bn == 32 ? MF_RUN(64, 32, 32) : MF_RUN(64, 32, 64);
 #undef MF_RUN
 #undef MW_RUN
+#undef MW_RUN2
 #endif
 }
 

@@ -18,7 +18,10 @@
  *   per (token, key) are copied;
  * - q (128 rows), one K tile and one V tile in shared memory (193 KB at the
  *   model's widths, one block per SM): the V tile loads (cp.async) while the
- *   scores run, the next K tile while the output products run.
+ *   scores run, the next K tile while the output products run;
+ * - or (BN 32, GLM53_GPU_MLA_FLASH_WG_BN=32) key tiles of 32 rows in two
+ *   stages (the same 193 KB): tile j + 1's K and V load during all of tile
+ *   j's work, behind one barrier per tile instead of two.
  *
  * Shared layouts: the 128-byte swizzle (mw_cfg says why). The includer provides
  * gk_device.cuh (bf16_bits), gk_wgmma.cuh, gk_mla_flash.cuh (mf_cp16,
@@ -27,14 +30,13 @@
 #define GLM53_GPU_GK_MLA_FLASH_WG_CUH
 
 #define MW_BM 128 /* tokens per block: two warpgroups of 64 */
-#define MW_BN 64  /* keys per tile */
 #define MW_THREADS 256
 
 /* Shared layouts: the 128-byte swizzle of gk_wgmma.cuh (mw_sw128_off),
  * every tile 1024-byte aligned. q and K are K-major: 8 k-atoms of 64 bf16
  * per row (K hi | lo; q 4), each tile's rows (SBO 1024) one atom column
  * after another. V is MN-major: a key's V hi | lo row in atoms of 64
- * columns (LBO MW_BN x 128), 8 keys per atom (SBO 1024). With this layout
+ * columns (LBO BN x 128), 8 keys per atom (SBO 1024). With this layout
  * 8 consecutive threads copy 128 consecutive bytes of a row into 128
  * consecutive bytes of shared memory: the no-swizzle core matrices (16
  * bytes of 8 rows contiguous) made each warp's cp.async of 512 contiguous
@@ -42,12 +44,14 @@
  * shared wavefronts, which bounded the kernel (ncu on an H100, fourteenth
  * session: L2 84% busy, the kernel at 2.6 ms without its copies against
  * 4.8 ms with them). */
-template <int NOPE, int VD> struct mw_cfg {
+template <int NOPE, int VD, int BN = 64> struct mw_cfg {
   static_assert(NOPE % 64 == 0 && (VD == 32 || VD % 64 == 0), "whole swizzle atoms (V lo at VD 32: half an atom's row)");
+  static_assert(BN == 64 || BN == 32, "keys per tile: 64 (one stage) or 32 (two)");
+  static constexpr int ST = BN == 64 ? 1 : 2;                                  /* stages of K and V tiles */
   static constexpr int QCH = NOPE / 8, KCH = 2 * NOPE / 8, VCH = 2 * VD / 8; /* 16-byte chunks per row */
-  static constexpr int QB = MW_BM * NOPE * 2, KB = MW_BN * 2 * NOPE * 2, VB = MW_BN * 2 * VD * 2;
-  static constexpr int VLBO = MW_BN * 128; /* V: between atoms along the columns */
-  static constexpr size_t smem = (size_t)QB + KB + VB + 1024; /* + the alignment of the first tile */
+  static constexpr int QB = MW_BM * NOPE * 2, KB = BN * 2 * NOPE * 2, VB = BN * 2 * VD * 2;
+  static constexpr int VLBO = BN * 128; /* V: between atoms along the columns */
+  static constexpr size_t smem = (size_t)QB + ST * (KB + VB) + 1024; /* + the alignment of the first tile */
 };
 
 template <int VD> __device__ __forceinline__ void mw_rs(float *d, const uint32_t *a, uint64_t db);
@@ -83,21 +87,24 @@ enum { MW_DG_COPY = 1, MW_DG_SCORE = 2, MW_DG_OUT = 4, MW_DG_SOFTMAX = 8, MW_DG_
  * H): a group's token tiles, longest first, each tile for the group's
  * heads in turn (hg 1: one head's tiles after another, so the blocks that
  * run together read the same K / V rows) */
-template <int NOPE, int VD, int DG = 0>
+template <int NOPE, int VD, int DG = 0, int BN = 64>
 __global__ void __launch_bounds__(MW_THREADS, 1)
     mla_flash_wg_k(const uint16_t *Q16, const uint16_t *KV3, const int *dense, const int *tail, const uint32_t *map, int nw,
                    const int *dpos, int T, int H, int pshift, int lrows, float sl2, int hg, float *out) {
   GK_PDL_BEGIN();
 #if MW_WGMMA
-  using C = mw_cfg<NOPE, VD>;
+  using C = mw_cfg<NOPE, VD, BN>;
+  static_assert(C::ST == 1 || !(DG & MW_DG_EARLYK), "the early K tile is a one-stage order");
   GK_DYN_SMEM(uint4, mw_sm);
+  /* stage u's K tile at Ks + u SB, its V tile KB after it */
+  constexpr int SB = C::KB + C::VB;
   char *const Qs = (char *)mw_sm + ((1024u - (mw_saddr(mw_sm) & 1023u)) & 1023u), *const Ks = Qs + C::QB,
               *const Vs = Ks + C::KB;
   const int ntile = (T + MW_BM - 1) / MW_BM, grp = (int)blockIdx.x / (hg * ntile), r = (int)blockIdx.x - grp * hg * ntile;
   const int tA = (ntile - 1 - r / hg) * MW_BM, h = grp * hg + r % hg;
   const int tid = threadIdx.x, wg = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int pos0 = *dpos, ldh = 2 * (NOPE + VD);
-  const int nkt = (pos0 + min(tA + MW_BM, T) - 1) / MW_BN + 1;
+  const int nkt = (pos0 + min(tA + MW_BM, T) - 1) / BN + 1;
   /* this warpgroup's rows: none past T (then it only helps load), the last
    * position it attends from (later key tiles are skipped) */
   const int wt0 = tA + 64 * wg, wlast = wt0 < T ? pos0 + min(wt0 + 63, T - 1) : -1;
@@ -116,21 +123,24 @@ __global__ void __launch_bounds__(MW_THREADS, 1)
     const int r = i / C::QCH, c = i % C::QCH, t = tA + r;
     mf_cp16(Qs + mw_sw128_off(c, r, MW_BM), Q16 + ((size_t)(t < T ? t : 0) * H + h) * NOPE + c * 8, t < T);
   }
+  /* key tile j into stage j % ST */
   auto load_k = [&](int j) {
+    char *const kd = Ks + (j % C::ST) * SB;
     auto cp = [&](int i) {
-      const int r = i / C::KCH, c = i % C::KCH, n = j * MW_BN + r;
-      mf_cp16(Ks + mw_sw128_off(c, r, MW_BN), KV3 + ((size_t)(n < lrows ? n : 0) * H + h) * ldh + c * 8, n < lrows);
+      const int r = i / C::KCH, c = i % C::KCH, n = j * BN + r;
+      mf_cp16(kd + mw_sw128_off(c, r, BN), KV3 + ((size_t)(n < lrows ? n : 0) * H + h) * ldh + c * 8, n < lrows);
     };
     if (DG & MW_DG_EARLYK) { /* issued while a tile's scores are live: not unrolled (registers) */
 #pragma unroll 1
-      for (int i = tid; i < MW_BN * C::KCH; i += MW_THREADS) cp(i);
+      for (int i = tid; i < BN * C::KCH; i += MW_THREADS) cp(i);
     } else
-      for (int i = tid; i < MW_BN * C::KCH; i += MW_THREADS) cp(i);
+      for (int i = tid; i < BN * C::KCH; i += MW_THREADS) cp(i);
   };
   auto load_v = [&](int j) {
-    for (int i = tid; i < MW_BN * C::VCH; i += MW_THREADS) {
-      const int r = i / C::VCH, c = i % C::VCH, n = j * MW_BN + r;
-      mf_cp16(Vs + mw_sw128_off(c, r, MW_BN), KV3 + ((size_t)(n < lrows ? n : 0) * H + h) * ldh + 2 * NOPE + c * 8,
+    char *const vd = Vs + (j % C::ST) * SB;
+    for (int i = tid; i < BN * C::VCH; i += MW_THREADS) {
+      const int r = i / C::VCH, c = i % C::VCH, n = j * BN + r;
+      mf_cp16(vd + mw_sw128_off(c, r, BN), KV3 + ((size_t)(n < lrows ? n : 0) * H + h) * ldh + 2 * NOPE + c * 8,
               n < lrows);
     }
   };
@@ -145,42 +155,56 @@ __global__ void __launch_bounds__(MW_THREADS, 1)
 #pragma unroll
   for (int i = 0; i < VD / 2; i++) o[i] = 0.f;
   load_k(0);
+  if (C::ST == 2) load_v(0);
   mf_commit();
   for (int j = 0; j < nkt; j++) {
-    const bool act = j * MW_BN <= wlast; /* uniform over the warpgroup */
+    const bool act = j * BN <= wlast; /* uniform over the warpgroup */
+    /* this tile's stage: descriptor addresses are in 16-byte units */
+    const uint64_t so = (uint64_t)((j % C::ST) * (SB / 16));
     mf_wait_all();
     mw_proxy_fence();
-    __syncthreads(); /* K tile j (and q) in; both warpgroups done with V tile j - 1 */
-    if (!(DG & MW_DG_COPY) || j == 0) load_v(j);
+    /* one stage: K tile j (and q) in, both warpgroups done with V tile
+     * j - 1; two: K and V tile j in, both warpgroups done with tile j - 1,
+     * whose stage tile j + 1 takes: it loads during all of this tile's work.
+     * (Issued after the score products instead, the loads split their
+     * commit from their wait: ptxas then serialized the products.) */
+    __syncthreads();
+    if (C::ST == 1 && (!(DG & MW_DG_COPY) || j == 0)) load_v(j);
+    if (C::ST == 2 && j + 1 < nkt && !(DG & MW_DG_COPY)) {
+      load_k(j + 1);
+      load_v(j + 1);
+    }
     mf_commit();
-    uint32_t ph[MW_BN / 16][4], pl[MW_BN / 16][4];
-    float s[MW_BN / 2];
+    uint32_t ph[BN / 16][4], pl[BN / 16][4];
+    float s[BN / 2];
     /* the tile's bitmap words, loaded before the products so that their
      * latency hides behind them: the tile's pools lie in two consecutive
      * words (one unless P = 1) */
-    const int w0 = (j * MW_BN) >> pshift >> 5;
+    const int w0 = (j * BN) >> pshift >> 5;
     uint32_t mw[2][2];
     if (act) {
 #pragma unroll
       for (int e = 0; e < 2; e++) {
-        const bool all = rden[e] || j * MW_BN >= rtail[e];
+        const bool all = rden[e] || j * BN >= rtail[e];
         mw[e][0] = all ? 0u : __ldg(rmap[e] + w0);
         mw[e][1] = all || w0 + 1 >= nw ? 0u : __ldg(rmap[e] + w0 + 1);
       }
 #pragma unroll
-      for (int i = 0; i < MW_BN / 2; i++) s[i] = 0.f;
+      for (int i = 0; i < BN / 2; i++) s[i] = 0.f;
       mw_fence();
 #pragma unroll
       for (int kk = 0; kk < 2 * NOPE / 16; kk++)
         if (!(DG & MW_DG_SCORE)) {
           const int qk = kk % (NOPE / 16); /* descriptor units of 16 bytes: */
-          mw_ss_n64(s, dq + (uint64_t)((qk >> 2) * (MW_BM * 128 / 16) + (qk & 3) * 2),
-                    dk + (uint64_t)((kk >> 2) * (MW_BN * 128 / 16) + (kk & 3) * 2), kk > 0);
+          const uint64_t da = dq + (uint64_t)((qk >> 2) * (MW_BM * 128 / 16) + (qk & 3) * 2),
+                         db = dk + so + (uint64_t)((kk >> 2) * (BN * 128 / 16) + (kk & 3) * 2);
+          if (BN == 64) mw_ss_n64(s, da, db, kk > 0);
+          else mw_ss_n32(s, da, db, kk > 0);
         }
       mw_commit();
       mw_wait0();
 #pragma unroll
-      for (int i = 0; i < MW_BN / 2; i++) mw_keep(s[i]);
+      for (int i = 0; i < BN / 2; i++) mw_keep(s[i]);
     }
     /* MW_DG_EARLYK: once both warpgroups are done with K tile j, the next
      * one loads during this tile's softmax as well as its output products
@@ -196,19 +220,19 @@ __global__ void __launch_bounds__(MW_THREADS, 1)
 #pragma unroll
       for (int e = 0; e < 2 && (DG & MW_DG_SOFTMAX); e++)
 #pragma unroll
-        for (int i = 0; i < MW_BN / 8; i++)
+        for (int i = 0; i < BN / 8; i++)
           mf_split(s[4 * i + 2 * e], s[4 * i + 2 * e + 1], &ph[i >> 1][2 * (i & 1) + e], &pl[i >> 1][2 * (i & 1) + e]);
 #pragma unroll
       for (int e = 0; e < 2 && !(DG & MW_DG_SOFTMAX); e++) {
-        const bool all = rden[e] || j * MW_BN >= rtail[e]; /* no pool lookups in this tile */
+        const bool all = rden[e] || j * BN >= rtail[e]; /* no pool lookups in this tile */
         const uint32_t m0 = mw[e][0], m1 = mw[e][1];
         float tmax = -INFINITY;
-        if (mw_edge_free(j * MW_BN, MW_BN, rpos[e], all, rtail[e], pshift)) {
+        if (mw_edge_free(j * BN, BN, rpos[e], all, rtail[e], pshift)) {
           /* most tiles (mw_edge_free): the pool bits from the first word, one
            * shift per 8 keys instead of the per-key tests */
-          const uint32_t tb = all ? ~0u : mw_pool_bits(m0, j * MW_BN, pshift, t4);
+          const uint32_t tb = all ? ~0u : mw_pool_bits(m0, j * BN, pshift, t4);
 #pragma unroll
-          for (int i = 0; i < MW_BN / 8; i++) {
+          for (int i = 0; i < BN / 8; i++) {
             const bool sel = all || mw_key8_sel(tb, i, pshift);
 #pragma unroll
             for (int c = 0; c < 2; c++) {
@@ -219,10 +243,10 @@ __global__ void __launch_bounds__(MW_THREADS, 1)
           }
         } else {
 #pragma unroll
-          for (int i = 0; i < MW_BN / 8; i++)
+          for (int i = 0; i < BN / 8; i++)
 #pragma unroll
             for (int c = 0; c < 2; c++) {
-              const int n = j * MW_BN + 8 * i + 2 * t4 + c, p = n >> pshift;
+              const int n = j * BN + 8 * i + 2 * t4 + c, p = n >> pshift;
               const bool sel = n <= rpos[e] && (all || n >= rtail[e] || (((p >> 5) == w0 ? m0 : m1) >> (p & 31) & 1));
               const float v = sel ? s[4 * i + 2 * e + c] * sl2 : -INFINITY;
               s[4 * i + 2 * e + c] = v;
@@ -234,7 +258,7 @@ __global__ void __launch_bounds__(MW_THREADS, 1)
         const float mn = fmaxf(m[e], tmax), mu = mn == -INFINITY ? 0.f : mn, alpha = exp2f(m[e] - mu);
         float sum = 0.f;
 #pragma unroll
-        for (int i = 0; i < MW_BN / 8; i++) {
+        for (int i = 0; i < BN / 8; i++) {
           const float p0 = exp2f(s[4 * i + 2 * e] - mu), p1 = exp2f(s[4 * i + 2 * e + 1] - mu);
           sum += p0;
           sum += p1;
@@ -251,21 +275,23 @@ __global__ void __launch_bounds__(MW_THREADS, 1)
           }
       }
     }
-    if (DG & MW_DG_EARLYK) mf_wait_prior();
-    else mf_wait_all();
-    mw_proxy_fence();
-    __syncthreads(); /* V tile j in (EARLYK: K tile j + 1 may still be loading); both warpgroups done with K tile j */
-    if (!(DG & MW_DG_EARLYK) && j + 1 < nkt && !(DG & MW_DG_COPY)) {
-      load_k(j + 1);
-      mf_commit();
+    if (C::ST == 1) {
+      if (DG & MW_DG_EARLYK) mf_wait_prior();
+      else mf_wait_all();
+      mw_proxy_fence();
+      __syncthreads(); /* V tile j in (EARLYK: K tile j + 1 may still be loading); both warpgroups done with K tile j */
+      if (!(DG & MW_DG_EARLYK) && j + 1 < nkt && !(DG & MW_DG_COPY)) {
+        load_k(j + 1);
+        mf_commit();
+      }
     }
     if (act) {
       mw_fence();
 #pragma unroll
-      for (int kv = 0; kv < MW_BN / 16 && !(DG & MW_DG_OUT); kv++) { /* a key step: 2 x 1024 bytes = 128 units */
-        mw_rs<VD>(o, ph[kv], dvh + (uint64_t)(kv * 128));
-        mw_rs<VD>(o, pl[kv], dvh + (uint64_t)(kv * 128));
-        mw_rs<VD>(o, ph[kv], dvl + (uint64_t)(kv * 128));
+      for (int kv = 0; kv < BN / 16 && !(DG & MW_DG_OUT); kv++) { /* a key step: 2 x 1024 bytes = 128 units */
+        mw_rs<VD>(o, ph[kv], dvh + so + (uint64_t)(kv * 128));
+        mw_rs<VD>(o, pl[kv], dvh + so + (uint64_t)(kv * 128));
+        mw_rs<VD>(o, ph[kv], dvl + so + (uint64_t)(kv * 128));
       }
       mw_commit();
       mw_wait0();

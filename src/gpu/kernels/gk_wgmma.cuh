@@ -67,6 +67,7 @@ __device__ __forceinline__ uint32_t mw_sw128_off(int c, int r, int rows) {
 #define mw_proxy_fence() do { } while (0)
 #define mw_keep(x) do { } while (0)
 __device__ __forceinline__ void mw_ss_n64(float *d, uint64_t da, uint64_t db, int acc) { emu_wgmma(d, 64, nullptr, da, db, false, acc); }
+__device__ __forceinline__ void mw_ss_n32(float *d, uint64_t da, uint64_t db, int acc) { emu_wgmma(d, 32, nullptr, da, db, false, acc); }
 __device__ __forceinline__ void mw_rs_n256(float *d, const uint32_t *a, uint64_t db) { emu_wgmma(d, 256, a, 0, db, true, 1); }
 __device__ __forceinline__ void mw_rs_n32(float *d, const uint32_t *a, uint64_t db) { emu_wgmma(d, 32, a, 0, db, true, 1); }
 #elif MW_WGMMA
@@ -89,6 +90,15 @@ __device__ __forceinline__ void mw_ss_n64(float *d, uint64_t da, uint64_t db, in
                "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 "
                "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
                : MW_F8(0), MW_F8(8), MW_F8(16), MW_F8(24)
+               : "l"(da), "l"(db), "r"(acc));
+}
+/* d[64 x 32] (acc: +)= A[64 x 16] . B[16 x 32], both K-major in shared memory */
+__device__ __forceinline__ void mw_ss_n32(float *d, uint64_t da, uint64_t db, int acc) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15 "
+               "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+               : MW_F8(0), MW_F8(8)
                : "l"(da), "l"(db), "r"(acc));
 }
 /* d[64 x 256] += A[64 x 16] . B[16 x 256]: A in registers, B MN-major in shared memory */
@@ -124,6 +134,7 @@ __device__ __forceinline__ void mw_wait0(void) {}
 __device__ __forceinline__ void mw_proxy_fence(void) {}
 #define mw_keep(x) do { } while (0)
 __device__ __forceinline__ void mw_ss_n64(float *, uint64_t, uint64_t, int) {}
+__device__ __forceinline__ void mw_ss_n32(float *, uint64_t, uint64_t, int) {}
 __device__ __forceinline__ void mw_rs_n256(float *, const uint32_t *, uint64_t) {}
 __device__ __forceinline__ void mw_rs_n32(float *, const uint32_t *, uint64_t) {}
 #endif
