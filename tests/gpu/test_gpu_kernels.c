@@ -1281,6 +1281,10 @@ int main(void) {
     printf("kda recurrence, layout %s:\n", lnm[v]);
     kda_tiles_case(70, 57, 2, 128);
     kda_tiles_case(45, 32, 3, v < 6 ? 64 : 40); /* y4 at hd 64: g4 */
+    if (v >= 3 && v <= 5) { /* x / y at head dims they do not take: g4 at 32, w4 at 40 */
+      kda_tiles_case(33, 21, 2, 32);
+      kda_tiles_case(33, 20, 2, 40);
+    }
     if (!v) {
       kda_tiles_case(33, 21, 2, 32);
       kda_tiles_case(45, 32, 3, 40);

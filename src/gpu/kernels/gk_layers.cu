@@ -1074,8 +1074,10 @@ static int kr_layout(int hd) {
       if (!strcmp(e, nm[i])) g_kr_layout = i;
   }
   const bool g = hd == 32 || hd == 64 || hd == 128;
-  if ((g_kr_layout >= GK_KR_X2 && hd == 32) || (g_kr_layout == GK_KR_Y4 && hd != 128)) return GK_KR_G4; /* 16 / 32 lanes per column: 8 / 4 rows per lane */
-  return g_kr_layout >= GK_KR_G1 && !g ? GK_KR_W4 : g_kr_layout;
+  if (g_kr_layout >= GK_KR_G1 && !g) return GK_KR_W4;
+  /* 16 / 32 lanes per column: 8 / 4 rows per lane */
+  if ((g_kr_layout >= GK_KR_X2 && hd == 32) || (g_kr_layout == GK_KR_Y4 && hd != 128)) return GK_KR_G4;
+  return g_kr_layout;
 }
 /* tokens per tile: what fits in `budget` bytes (48 KB: no opt-in shared
  * memory), split over two buffers when copying asynchronously; at most 32,
