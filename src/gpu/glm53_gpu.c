@@ -735,7 +735,7 @@ static int mlp_dev(const gmlp *w, float limit, const float *y, int T, int D, flo
  * low-rank first halves (fa | ga side by side) and beta from y, then the
  * second halves from them; the forget-gate transform runs inside the
  * recurrence. */
-static int kda_dev(const glm53_config *c, const gkda *w, const gk_batch *b, acts *A, int T) {
+static int kda_body(const glm53_config *c, const gkda *w, const gk_batch *b, acts *A, int T) {
   const int D = c->hidden_size, H = c->linear_num_heads, hd = c->linear_head_dim, inner = H * hd, ch = 3 * inner;
   const gk_prod p1[] = {{.W = &w->q, .y = A->raw, .ldy = ch},
                         {.W = &w->k, .y = A->raw + inner, .ldy = ch},
@@ -743,25 +743,49 @@ static int kda_dev(const glm53_config *c, const gkda *w, const gk_batch *b, acts
                         {.W = &w->fa, .y = A->fa, .ldy = 2 * hd},
                         {.W = &w->ga, .y = A->fa + hd, .ldy = 2 * hd},
                         {.W = &w->b, .y = A->beta, .ldy = H}};
-  TRY(gk_matmul_multi(p1, 6, A->y, T, D));
   const gk_prod p2[] = {{.W = &w->fb, .y = A->g, .ldy = inner, .x = A->fa, .ldx = 2 * hd},
                         {.W = &w->gb, .y = A->z, .ldy = inner, .x = A->fa + hd, .ldx = 2 * hd}};
-  TRY(gk_matmul_multi(p2, 2, NULL, T, 0));
+  /* long chunks: the small gate products (low-rank, beta, the forget
+   * gate's second half) on the side stream beside q / k / v and the conv,
+   * then the output gate's second half beside the recurrence */
+  const int side = T >= gk_gemm_min() ? gk_side_fork() : 0;
+  TRY(side < 0);
+  if (side) {
+    TRY(gk_matmul_multi(p1 + 3, 3, A->y, T, D));
+    TRY(gk_matmul_multi(p2, 1, NULL, T, 0));
+    TRY(gk_side_back());
+    TRY(gk_matmul_multi(p1, 3, A->y, T, D));
+  } else {
+    TRY(gk_matmul_multi(p1, 6, A->y, T, D));
+    TRY(gk_matmul_multi(p2, 2, NULL, T, 0));
+  }
   TRY(gk_kda_conv_prep(A->raw, b, w->conv, T, H, hd, c->linear_conv_kernel_dim, 1.0f / sqrtf((float)hd), A->qkv));
+  TRY(gk_side_join());
+  if (side) { /* (inline if this fork is refused) */
+    const int s2 = gk_side_fork();
+    TRY(s2 < 0);
+    TRY(gk_matmul_multi(p2 + 1, 1, NULL, T, 0));
+    TRY(gk_side_back());
+  }
   /* the chunked form works in the projection buffer (dead after the conv) */
   if (gk_kda_chunk_use(b, hd) && gk_kda_chunk_work(T, H, hd) <= (size_t)T * ch)
     TRY(gk_kda_chunked(b, A->qkv, A->g, w->dt_bias, w->A_log, c->linear_lower_bound, A->beta, T, H, hd, A->raw, A->o));
   else
     TRY(gk_kda_recur_gated(b, A->qkv, A->g, w->dt_bias, w->A_log, c->linear_lower_bound, A->beta, T, H, hd, A->o));
+  TRY(gk_side_join()); /* z */
   TRY(gk_kda_out(A->o, A->z, w->o_norm, T, H, hd, c->rms_norm_eps));
   return gk_matmul(&w->o, A->o, T, inner, A->a, D);
+}
+static int kda_dev(const glm53_config *c, const gkda *w, const gk_batch *b, acts *A, int T) {
+  const int rc = kda_body(c, w, b, A, T);
+  return gk_side_join() || rc ? -1 : 0; /* a failure between the fork and the join */
 }
 
 /* maxpool: the score row stride; chunk / ns: the MLA split (run_forward) */
 /* hl / pos0: the layer's state pointers (host copy) and first position of
  * a single-sequence forward (NULL / unused for batches), for the GEMM forms */
-static int mla_dev(const glm53_config *c, const gmla *w, const gk_batch *b, acts *A, int T, int maxpool, int chunk, int ns,
-                   const gk_lstate *hl, int pos0) {
+static int mla_body(const glm53_config *c, const gmla *w, const gk_batch *b, acts *A, int T, int maxpool, int chunk, int ns,
+                    const gk_lstate *hl, int pos0) {
   const int gemm = hl && T >= gk_gemm_min();
   const int *dpos = (const int *)((const char *)b->seg + offsetof(gk_seg, pos0)); /* segment 0's pos0 on the device */
   const int D = c->hidden_size, H = c->num_attention_heads, nope = c->qk_nope_head_dim, vd = c->v_head_dim;
@@ -780,7 +804,16 @@ static int mla_dev(const glm53_config *c, const gmla *w, const gk_batch *b, acts
   TRY(gk_rmsnorm(A->ckv, kl, A->ckv, kl, w->kv_a_norm, T, kl, c->rms_norm_eps));
   gk_prod p2[2] = {{.W = &w->q_b, .y = A->q, .ldy = H * nope}};
   if (w->has_idx) p2[1] = (gk_prod){.W = &w->wq_b, .y = A->iq, .ldy = c->index_n_heads * c->index_head_dim};
-  TRY(gk_matmul_multi(p2, w->has_idx ? 2 : 1, A->r, T, ql));
+  /* long chunks: the query product on the side stream beside the indexer */
+  const int side = w->has_idx && T >= gk_gemm_min() ? gk_side_fork() : 0;
+  TRY(side < 0);
+  if (side) {
+    TRY(gk_matmul_multi(p2, 1, A->r, T, ql));
+    TRY(gk_side_back());
+    TRY(gk_matmul_multi(p2 + 1, 1, A->r, T, ql));
+  } else {
+    TRY(gk_matmul_multi(p2, w->has_idx ? 2 : 1, A->r, T, ql));
+  }
   TRY(gk_store_at(b, GK_ST_LATENT, kl, A->ckv, T, kl)); /* latent cache rows at the tokens' positions */
   pr_mark(PR_MLA);
   if (w->has_idx) {
@@ -800,6 +833,7 @@ static int mla_dev(const glm53_config *c, const gmla *w, const gk_batch *b, acts
     TRY(gk_select(A->score, b, T, P, K, maxpool, c->index_kpool_always_select_tail, A->dense, A->npools, A->tail, A->pools));
     pr_mark(PR_IDX);
   }
+  TRY(gk_side_join()); /* the queries */
   const float scale = (float)(1.0 / sqrt((double)(nope + c->qk_rope_head_dim)));
   const float *lat = NULL;
   int rc = 1;
@@ -821,6 +855,11 @@ static int mla_dev(const glm53_config *c, const gmla *w, const gk_batch *b, acts
     TRY(gk_matmul_heads(w->heads.uv_h, w->heads.uv_d, H, A->ob, T, kl, A->mo, vd));
   }
   return gk_matmul(&w->o, A->mo, T, H * vd, A->a, D);
+}
+static int mla_dev(const glm53_config *c, const gmla *w, const gk_batch *b, acts *A, int T, int maxpool, int chunk, int ns,
+                   const gk_lstate *hl, int pos0) {
+  const int rc = mla_body(c, w, b, A, T, maxpool, chunk, ns, hl, pos0);
+  return gk_side_join() || rc ? -1 : 0; /* a failure between the fork and the join */
 }
 
 /* One expert's pairs: the decode GEMV restricted to the pairs routed to e
@@ -938,21 +977,31 @@ static int moe_stream(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
 
 /* A MoE layer: the shared expert into A->a, the routed outputs per pair
  * into A->eo (added to A->a by record()'s gk_mhc_post_moe). */
-static int moe_dev(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
+static int moe_body(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
   const glayer *G = &g->layers[l];
-  if (g->xc.active && g->xc.L[l].nstreamed > 0) return moe_stream(c, g, l, A, T);
   const int D = c->hidden_size, E = c->n_routed_experts, k = c->num_experts_per_tok, I = c->moe_intermediate_size;
   const int Is = G->shared.gate.rows, np = T * k;
   const float lim = c->swiglu_limit;
-  const gk_prod p[] = {{.W = &G->router, .y = A->logits, .ldy = E},
-                       {.W = &G->shared.gate, .y = A->sg, .ldy = Is, .W2 = &G->shared.up, .u = A->su, .limit = lim}};
-  TRY(gk_matmul_multi(p, 2, A->y, T, D));
+  /* prefill GEMMs: the shared expert on the side stream, beside the
+   * routing, the sort's host round trip and the routed experts */
+  const int side = T >= gk_gemm_min() && G->efmt != WMAT_F32 && gk_have_blas() ? gk_side_fork() : 0;
+  TRY(side < 0);
+  if (side) {
+    TRY(gk_gate_up(&G->shared.gate, &G->shared.up, A->y, T, D, A->sg, A->su, lim));
+    TRY(gk_matmul(&G->shared.down, A->sg, T, Is, A->a, D));
+    TRY(gk_side_back());
+    TRY(gk_matmul(&G->router, A->y, T, D, A->logits, E));
+  } else {
+    const gk_prod p[] = {{.W = &G->router, .y = A->logits, .ldy = E},
+                         {.W = &G->shared.gate, .y = A->sg, .ldy = Is, .W2 = &G->shared.up, .u = A->su, .limit = lim}};
+    TRY(gk_matmul_multi(p, 2, A->y, T, D));
+  }
   /* decode: the route launch also prefetches the selected experts into L2
    * (every expert of this layer is resident here): they arrive while the
    * shared expert's down product and the grouping run */
   TRY(gk_moe_route_pf(A->logits, G->bias, T, E, k, c->n_group, c->topk_group, c->norm_topk_prob,
                       c->routed_scaling_factor, A->idx, A->wt, T < gk_gemm_min() ? G->d_exp : NULL));
-  TRY(gk_matmul(&G->shared.down, A->sg, T, Is, A->a, D));
+  if (!side) TRY(gk_matmul(&G->shared.down, A->sg, T, Is, A->a, D));
   if (T < gk_gemm_min()) { /* decode: pairs grouped per expert on the device, each expert's weights read once */
     TRY(gk_expert_group(A->idx, np, E, A->grp));
     TRY(gk_experts_grouped(G->d_exp, 0, 1, lim, G->efmt, I, D, A->grp, A->idx, np, E, k, 1, A->y, D, A->pg, I, A->pu));
@@ -989,6 +1038,11 @@ static int moe_dev(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
   }
   free(idx); free(cnt); free(prow); free(trow); free(fill);
   return rc ? -1 : 0;
+}
+static int moe_dev(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
+  if (g->xc.active && g->xc.L[l].nstreamed > 0) return moe_stream(c, g, l, A, T);
+  const int rc = moe_body(c, g, l, A, T);
+  return gk_side_join() || rc ? -1 : 0; /* the shared expert's output is in A->a from here on */
 }
 
 /* gk_mhc_proj from this many tokens (GLM53_GPU_MHC_PROJ=0: never): its

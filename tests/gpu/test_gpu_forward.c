@@ -10,6 +10,7 @@
  *    dependent launch off, and with its early trigger order and the L2
  *    prefetches (one prefill; every token a decode step);
  *  - the latent / indexer caches in 8-token pages (all but the first model);
+ *  - the side stream on and off bitwise (bf16 experts: the MoE GEMM path);
  *  - a GPU fault (GLM53_FAULT) mid-decode, glm53_session_fallback_cpu, and
  *    the session continues on the CPU with logits identical to a pure CPU run.
  * No device: SKIP. */
@@ -82,6 +83,55 @@ static void check_model(int topk, int kpool, int shared, uint64_t seed) {
   }
   gk_set_gemm_min(0);
   free(tok); free(cpu); free(full); free(other); free(alt);
+  glm53_model_free(m);
+}
+
+/* w in bf16 (its values rounded; the CPU reads the same bf16 weights) */
+static void to_bf16(wmat *w) {
+  const size_t n = (size_t)w->rows * w->cols;
+  uint16_t *d = aligned_alloc64(n * 2);
+  for (size_t i = 0; i < n; i++) d[i] = f32_to_bf16(((const float *)w->data)[i]);
+  free(w->owned);
+  w->fmt = WMAT_BF16; w->data = d; w->owned = d;
+}
+/* The side stream (gk_side_fork: the shared expert beside the routed
+ * experts, the MLA queries beside the indexer, the KDA gate products beside
+ * q / k / v and the recurrence) changes when work runs, never the bits:
+ * prefills with it on and off, with bf16 experts so that the MoE takes its
+ * sorted-GEMM path, bitwise equal. (Not against the CPU: that path rounds
+ * the activations to bf16, which on this random 6-layer model flips
+ * routings downstream, 0.35 relative on an H100; the oracle models of
+ * test_gpu_golden check it against the reference.) */
+static void check_side(uint64_t seed) {
+  glm53_config c;
+  fx_config(&c, 8, 4, 1);
+  glm53_model *m = fx_model(&c, seed);
+  for (int l = 0; l < c.num_hidden_layers; l++)
+    if (m->layers[l].mlp_kind == MLP_MOE) {
+      moe_weights *e = &m->layers[l].moe;
+      for (int i = 0; i < c.n_routed_experts; i++) to_bf16(&e->experts[i].gate), to_bf16(&e->experts[i].up), to_bf16(&e->experts[i].down);
+      to_bf16(&e->shared.gate), to_bf16(&e->shared.up), to_bf16(&e->shared.down);
+    }
+  const int n = 61, V = c.vocab_size;
+  int32_t *tok = xmalloc(n * sizeof(int32_t));
+  trng r = {seed + 5};
+  for (int i = 0; i < n; i++) tok[i] = (int32_t)(trng_u64(&r) % V);
+  float *on = xmalloc((size_t)n * V * 4), *off = xmalloc((size_t)n * V * 4);
+  CHECK(glm53_backend_select(m, "gpu") == 0, "gpu backend: %s", glm53_last_error());
+  if (!strcmp(glm53_model_backend(m), "gpu")) {
+    const int pat[] = {40, 1, 0}; /* a 40-token prefill (side stream), then decode steps (none) */
+    for (int q = 0; q < 2; q++) {
+      gk_set_side(1);
+      fx_run_chunks(m, tok, n, q ? pat : (int[]){n, 0}, on);
+      gk_set_side(0);
+      fx_run_chunks(m, tok, n, q ? pat : (int[]){n, 0}, off);
+      gk_set_side(-1);
+      printf("bf16 experts, %s: side stream on / off bitwise %s\n", q ? "prefill 40 + decode" : "prefill",
+             memcmp(on, off, (size_t)n * V * 4) ? "NO" : "yes");
+      CHECK(memcmp(on, off, (size_t)n * V * 4) == 0, "side stream on / off differ (%s)", q ? "prefill + decode" : "prefill");
+    }
+  }
+  free(tok); free(on); free(off);
   glm53_model_free(m);
 }
 
@@ -158,6 +208,7 @@ int main(void) {
   check_model(8, 2, 1, 3);  /* sparse, shared indexer layer */
   check_model(4, 1, 0, 4);  /* kpool 1 */
   check_model(12, 4, 1, 5);
+  check_side(6);
   unsetenv("GLM53_GPU_PAGE_RESERVE");
   check_fallback();
   unsetenv("GLM53_GPU_PAGE_TOKENS"); /* 256-row pages: the 2^30-token tables stay small (32 MB each) */

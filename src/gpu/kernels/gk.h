@@ -50,6 +50,7 @@ int gk_kprof_begin(void);
 void gk_kprof_stage(const char *stage);
 void gk_kprof_end(const char *label, int reps);
 void gk_kprof_mark(const char *what);
+int gk_kprof_active(void); /* between gk_kprof_begin and gk_kprof_end */
 
 /* ---- linear algebra (gk_gemm.cu) ---- */
 /* Y[n][ldy] (first rows columns) = X[n][ldx] * W^T. Small n uses the
@@ -59,6 +60,24 @@ int gk_matmul(const gpu_mat *W, const float *x, int n, int ldx, float *y, int ld
 int gk_gemm_min(void);              /* $GLM53_GPU_GEMM_MIN, default 8 */
 int gk_have_blas(void);             /* 1 when built with cuBLAS/hipBLAS */
 void gk_set_gemm_min(int n);        /* tests: n <= 0 restores the default */
+/* The side stream (gk_gemm.cu): a second compute stream for work of a long
+ * chunk that is independent of what the compute stream does next (the
+ * shared expert beside the routing and the routed experts, the query
+ * product beside the indexer, the KDA gate products beside q / k / v and
+ * the recurrence).
+ * gk_side_fork: the side stream waits for everything launched so far, and
+ * the launches that follow (kernels, cuBLAS, the bf16 scratch of the
+ * products) go to it; returns 1, or 0 when the side stream is off (the
+ * default: no faster on the H100 bench; HIP, kernel profiling, graph
+ * capture, a fork already open) and launches stay where they were.
+ * gk_side_back: launches go to the compute stream again (which does not
+ * wait yet).
+ * gk_side_join: gk_side_back if needed, then the compute stream waits for
+ * the side work (a no-op without a fork). Same results either way. */
+int gk_side_fork(void);
+int gk_side_back(void);
+int gk_side_join(void);
+void gk_set_side(int on); /* 1 on, 0 off, -1: GLM53_GPU_SIDE=1 (default off) */
 /* GEMV kernel (bench/tests): 3 = the default v3 (chunked, split-K by shape,
  * docs/gpu.md); 4 = v3 without load pipelining (same bits as 3); 1 = the
  * one-row-per-warp kernel ($GLM53_GPU_GEMV=1); 2 = the rows-per-warp kernel

@@ -107,13 +107,16 @@ __device__ __forceinline__ void gk_l2_prefetch(const void *p, unsigned n, bool l
 }
 void gk_launch_failed(cudaError_t e); /* kept for the next gk_check */
 #if !GK_HIP
+/* the stream launches go to: the per-thread default stream, or the side
+ * stream between gk_side_fork and gk_side_join (gk_gemm.cu) */
+extern cudaStream_t g_gk_stream;
 template <typename... KArgs, typename... Args>
 static inline void gk_launch(void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, Args... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
-  cfg.stream = cudaStreamPerThread;
+  cfg.stream = g_gk_stream;
   cudaLaunchAttribute at[1];
   at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   at[0].val.programmaticStreamSerializationAllowed = 1;

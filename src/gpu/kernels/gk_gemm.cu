@@ -9,8 +9,12 @@
 static char g_err[512];
 static void pdl_detect(const cudaDeviceProp *p);
 #if GK_HAVE_BLAS
-static cublasHandle_t g_blas;
+static cublasHandle_t g_blas, g_blas_side; /* the side stream's own (its own workspace) */
 static int g_blas_ok;
+#endif
+static int g_on_side; /* between gk_side_fork and gk_side_join */
+#if !GK_HIP
+cudaStream_t g_gk_stream = cudaStreamPerThread;
 #endif
 
 int gk_fail(const char *fmt, ...) {
@@ -152,7 +156,59 @@ unsigned *gk_scratch_counters(size_t n) {
   return c;
 }
 #if GK_HAVE_BLAS
-static gk_scratch g_xb, g_wb;
+/* the bf16 rows of x and the dequantised weight of the cuBLAS products, one
+ * pair per stream (the side stream's work runs beside the compute
+ * stream's) */
+static gk_scratch g_xb[2], g_wb[2];
+#endif
+
+/* ---- the side stream (gk.h) ---- */
+static int g_side_env = -1;
+extern "C" void gk_set_side(int on) { g_side_env = on < 0 ? -1 : !!on; }
+#if !GK_HIP && GK_HAVE_BLAS
+static cudaStream_t g_side;
+static cudaEvent_t g_side_ev[2]; /* the fork point on the compute stream, the end of the side work */
+static int g_side_ok, g_side_open; /* open: forked, not joined yet */
+extern "C" int gk_side_fork(void) {
+  if (g_side_env < 0) g_side_env = getenv("GLM53_GPU_SIDE") && !strcmp(getenv("GLM53_GPU_SIDE"), "1");
+  if (!g_side_env || !g_blas_ok || g_side_open || gk_kprof_active()) return 0;
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(cudaStreamPerThread, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  if (!g_side_ok) {
+    GK_TRY(cudaStreamCreateWithFlags(&g_side, cudaStreamNonBlocking));
+    GK_TRY(cudaEventCreateWithFlags(&g_side_ev[0], cudaEventDisableTiming));
+    GK_TRY(cudaEventCreateWithFlags(&g_side_ev[1], cudaEventDisableTiming));
+    if (cublasCreate(&g_blas_side) != CUBLAS_STATUS_SUCCESS) return gk_fail("cuBLAS initialisation (side stream) failed");
+    cublasSetStream(g_blas_side, g_side);
+    g_side_ok = 1;
+  }
+  GK_TRY(cudaEventRecord(g_side_ev[0], cudaStreamPerThread));
+  GK_TRY(cudaStreamWaitEvent(g_side, g_side_ev[0], 0));
+  g_side_open = g_on_side = 1;
+  g_gk_stream = g_side;
+  return 1;
+}
+extern "C" int gk_side_back(void) {
+  if (!g_on_side) return 0;
+  g_on_side = 0;
+  g_gk_stream = cudaStreamPerThread;
+  GK_TRY(cudaEventRecord(g_side_ev[1], g_side));
+  return 0;
+}
+extern "C" int gk_side_join(void) {
+  if (!g_side_open) return 0;
+  const int rc = gk_side_back();
+  g_side_open = 0;
+  GK_TRY(cudaStreamWaitEvent(cudaStreamPerThread, g_side_ev[1], 0));
+  return rc;
+}
+#else
+extern "C" int gk_side_fork(void) { return 0; }
+extern "C" int gk_side_back(void) { return 0; }
+extern "C" int gk_side_join(void) { return 0; }
 #endif
 
 static int g_gemm_min = -1;
@@ -563,14 +619,16 @@ __global__ void dequant_bf16_k(gpu_mat W, __nv_bfloat16 *o) {
   o[i] = __float2bfloat16(wl1_any(W, i / W.cols, (int)(i % W.cols)));
 }
 
-cublasHandle_t gk_blas_handle(void) { return g_blas_ok ? g_blas : NULL; }
+/* the handle of the stream launches go to */
+static cublasHandle_t blas_now(void) { return g_on_side ? g_blas_side : g_blas; }
+cublasHandle_t gk_blas_handle(void) { return g_blas_ok ? blas_now() : NULL; }
 void gk_dequant_bf16(const gpu_mat *W, __nv_bfloat16 *out) {
   gk_launch(dequant_bf16_k, gk_blocks((size_t)W->rows * W->cols, 256), 256, 0, *W, out);
 }
 
 /* x [n][cols] (ldx apart) as dense bf16 rows in the g_xb scratch */
 static const __nv_bfloat16 *x_bf16(const float *x, int n, int cols, int ldx) {
-  __nv_bfloat16 *xb = (__nv_bfloat16 *)scratch(&g_xb, (size_t)n * cols * 2);
+  __nv_bfloat16 *xb = (__nv_bfloat16 *)scratch(&g_xb[g_on_side], (size_t)n * cols * 2);
   if (xb) gk_launch(to_bf16_k, gk_blocks((size_t)n * cols, 256), 256, 0, x, n, cols, ldx, xb);
   return xb;
 }
@@ -579,7 +637,7 @@ static int gemm_xb(const gpu_mat *W, const __nv_bfloat16 *xb, int n, float *y, i
 static int gemm(const gpu_mat *W, const float *x, int n, int ldx, float *y, int ldy) {
   const float one = 1.f, zero = 0.f;
   if (W->fmt == GF_F32) {
-    if (cublasSgemm(g_blas, CUBLAS_OP_T, CUBLAS_OP_N, W->rows, n, W->cols, &one, (const float *)W->d, W->cols, x, ldx,
+    if (cublasSgemm(blas_now(), CUBLAS_OP_T, CUBLAS_OP_N, W->rows, n, W->cols, &one, (const float *)W->d, W->cols, x, ldx,
                     &zero, y, ldy) != CUBLAS_STATUS_SUCCESS)
       return gk_fail("cublasSgemm failed (%d x %d x %d)", W->rows, n, W->cols);
     return GK_LAUNCHED("sgemm");
@@ -593,12 +651,12 @@ static int gemm_xb(const gpu_mat *W, const __nv_bfloat16 *xb, int n, float *y, i
   const float one = 1.f, zero = 0.f;
   const void *wb = W->d;
   if (W->fmt != GF_BF16) { /* quantized: dequantize to bf16 once per call (prefill only) */
-    __nv_bfloat16 *t = (__nv_bfloat16 *)scratch(&g_wb, (size_t)W->rows * W->cols * 2);
+    __nv_bfloat16 *t = (__nv_bfloat16 *)scratch(&g_wb[g_on_side], (size_t)W->rows * W->cols * 2);
     if (!t) return -1;
     gk_dequant_bf16(W, t);
     wb = t;
   }
-  if (cublasGemmEx(g_blas, CUBLAS_OP_T, CUBLAS_OP_N, W->rows, n, W->cols, &one, wb, CUDA_R_16BF, W->cols, xb,
+  if (cublasGemmEx(blas_now(), CUBLAS_OP_T, CUBLAS_OP_N, W->rows, n, W->cols, &one, wb, CUDA_R_16BF, W->cols, xb,
                    CUDA_R_16BF, W->cols, &zero, y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F,
                    CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
     return gk_fail("cublasGemmEx failed (%d x %d x %d)", W->rows, n, W->cols);
@@ -622,7 +680,7 @@ static int heads_batched(const gpu_mat *W, int H, const float *x, int T, int ldx
   const __nv_bfloat16 *xb = x_bf16(x, T, ld, ld);
   if (!xb) return -1;
   const float one = 1.f, zero = 0.f;
-  if (cublasGemmStridedBatchedEx(g_blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, T, cols, &one, W[0].d, CUDA_R_16BF, cols, st / 2, xb,
+  if (cublasGemmStridedBatchedEx(blas_now(), CUBLAS_OP_T, CUBLAS_OP_N, rows, T, cols, &one, W[0].d, CUDA_R_16BF, cols, st / 2, xb,
                                  CUDA_R_16BF, ld, ldx_head, &zero, y, CUDA_R_32F, H * ldy_head, ldy_head, H,
                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
     return gk_fail("cublasGemmStridedBatchedEx failed (%d heads of %d x %d x %d)", H, rows, T, cols);
@@ -887,12 +945,12 @@ extern "C" double gk_time_bf16_gemm_tflops(int m, int n, int k, int reps) {
   fill_k<<<gk_blocks((size_t)k * n / 2, 256), 256>>>((uint32_t *)B, (size_t)k * n / 2, 2);
   const float one = 1.f, zero = 0.f;
   for (int i = 0; i < 3; i++)
-    cublasGemmEx(g_blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, A, CUDA_R_16BF, k, B, CUDA_R_16BF, k, &zero, C,
+    cublasGemmEx(blas_now(), CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, A, CUDA_R_16BF, k, B, CUDA_R_16BF, k, &zero, C,
                  CUDA_R_16BF, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   void *e0 = gk_event_new(), *e1 = gk_event_new();
   gk_event_record(e0);
   for (int i = 0; i < reps; i++)
-    cublasGemmEx(g_blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, A, CUDA_R_16BF, k, B, CUDA_R_16BF, k, &zero, C,
+    cublasGemmEx(blas_now(), CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, A, CUDA_R_16BF, k, B, CUDA_R_16BF, k, &zero, C,
                  CUDA_R_16BF, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   gk_event_record(e1);
   float ms = gk_event_ms(e0, e1);

@@ -22,6 +22,7 @@ static cudaEvent_t *kp_ev;
 static const char **kp_op, **kp_stage;
 static int kp_n, kp_staged, kp_on, kp_cap;
 
+extern "C" int gk_kprof_active(void) { return kp_on; }
 extern "C" void gk_kprof_mark(const char *what) {
   if (!kp_on || kp_n >= kp_cap) return;
   if (cudaEventRecord(kp_ev[kp_n], KP_STREAM) != cudaSuccess) return;
