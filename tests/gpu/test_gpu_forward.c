@@ -86,7 +86,7 @@ static void check_model(int topk, int kpool, int shared, uint64_t seed) {
   glm53_model_free(m);
 }
 
-/* w in bf16 (its values rounded; the CPU reads the same bf16 weights) */
+/* w in bf16 (its values rounded) */
 static void to_bf16(wmat *w) {
   const size_t n = (size_t)w->rows * w->cols;
   uint16_t *d = aligned_alloc64(n * 2);
@@ -122,7 +122,9 @@ static void check_side(uint64_t seed) {
     const int pat[] = {40, 1, 0}; /* a 40-token prefill (side stream), then decode steps (none) */
     for (int q = 0; q < 2; q++) {
       gk_set_side(1);
+      const unsigned f0 = gk_side_forks();
       fx_run_chunks(m, tok, n, q ? pat : (int[]){n, 0}, on);
+      CHECK(gk_side_forks() > f0, "the side stream never forked (%s)", q ? "prefill + decode" : "prefill");
       gk_set_side(0);
       fx_run_chunks(m, tok, n, q ? pat : (int[]){n, 0}, off);
       gk_set_side(-1);

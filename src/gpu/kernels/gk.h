@@ -78,6 +78,7 @@ int gk_side_fork(void);
 int gk_side_back(void);
 int gk_side_join(void);
 void gk_set_side(int on); /* 1 on, 0 off, -1: GLM53_GPU_SIDE=1 (default off) */
+unsigned gk_side_forks(void); /* forks so far (tests: that the side stream ran) */
 /* GEMV kernel (bench/tests): 3 = the default v3 (chunked, split-K by shape,
  * docs/gpu.md); 4 = v3 without load pipelining (same bits as 3); 1 = the
  * one-row-per-warp kernel ($GLM53_GPU_GEMV=1); 2 = the rows-per-warp kernel

@@ -164,7 +164,9 @@ static gk_scratch g_xb[2], g_wb[2];
 
 /* ---- the side stream (gk.h) ---- */
 static int g_side_env = -1;
+static unsigned g_side_forks;
 extern "C" void gk_set_side(int on) { g_side_env = on < 0 ? -1 : !!on; }
+extern "C" unsigned gk_side_forks(void) { return g_side_forks; }
 #if !GK_HIP && GK_HAVE_BLAS
 static cudaStream_t g_side;
 static cudaEvent_t g_side_ev[2]; /* the fork point on the compute stream, the end of the side work */
@@ -189,6 +191,7 @@ extern "C" int gk_side_fork(void) {
   GK_TRY(cudaStreamWaitEvent(g_side, g_side_ev[0], 0));
   g_side_open = g_on_side = 1;
   g_gk_stream = g_side;
+  g_side_forks++;
   return 1;
 }
 extern "C" int gk_side_back(void) {
