@@ -982,9 +982,10 @@ static int moe_body(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
   const int D = c->hidden_size, E = c->n_routed_experts, k = c->num_experts_per_tok, I = c->moe_intermediate_size;
   const int Is = G->shared.gate.rows, np = T * k;
   const float lim = c->swiglu_limit;
-  /* prefill GEMMs: the shared expert on the side stream, beside the
-   * routing, the sort's host round trip and the routed experts */
-  const int side = T >= gk_gemm_min() && G->efmt != WMAT_F32 && gk_have_blas() ? gk_side_fork() : 0;
+  const int sorted = T >= gk_gemm_min() && G->efmt != WMAT_F32 && gk_have_blas(); /* the sorted-pairs GEMM form below */
+  /* which takes the shared expert on the side stream, beside the routing,
+   * the sort's host round trip and the routed experts */
+  const int side = sorted ? gk_side_fork() : 0;
   TRY(side < 0);
   if (side) {
     TRY(gk_gate_up(&G->shared.gate, &G->shared.up, A->y, T, D, A->sg, A->su, lim));
@@ -1007,7 +1008,7 @@ static int moe_body(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
     TRY(gk_experts_grouped(G->d_exp, 0, 1, lim, G->efmt, I, D, A->grp, A->idx, np, E, k, 1, A->y, D, A->pg, I, A->pu));
     return gk_experts_grouped(G->d_exp, 2, 0, 0.f, G->efmt, D, I, A->grp, A->idx, np, E, k, 0, A->pg, I, A->eo, D, NULL);
   }
-  if (G->efmt != WMAT_F32 && gk_have_blas()) { /* prefill: pairs sorted by expert on the device, bf16 GEMMs */
+  if (sorted) { /* prefill: pairs sorted by expert on the device, bf16 GEMMs */
     int hoff[513]; /* E <= 512 (check_dims) */
     int rc = gk_moe_sort(A->idx, np, E, A->prow, A->eoff) || gk_d2h(hoff, A->eoff, ((size_t)E + 1) * sizeof(int)) ||
              gk_moe_experts_gemm(G->h_exp, E, hoff, A->eoff, A->prow, A->idx, k, A->y, D, T, D, I, lim, A->pg, A->pu, A->eo,

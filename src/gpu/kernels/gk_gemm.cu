@@ -179,11 +179,14 @@ extern "C" int gk_side_fork(void) {
     (void)cudaGetLastError();
     return 0;
   }
-  if (!g_side_ok) {
-    GK_TRY(cudaStreamCreateWithFlags(&g_side, cudaStreamNonBlocking));
-    GK_TRY(cudaEventCreateWithFlags(&g_side_ev[0], cudaEventDisableTiming));
-    GK_TRY(cudaEventCreateWithFlags(&g_side_ev[1], cudaEventDisableTiming));
-    if (cublasCreate(&g_blas_side) != CUBLAS_STATUS_SUCCESS) return gk_fail("cuBLAS initialisation (side stream) failed");
+  if (!g_side_ok) { /* each piece once, so that a failed start leaks nothing when retried */
+    if (!g_side) GK_TRY(cudaStreamCreateWithFlags(&g_side, cudaStreamNonBlocking));
+    for (int i = 0; i < 2; i++)
+      if (!g_side_ev[i]) GK_TRY(cudaEventCreateWithFlags(&g_side_ev[i], cudaEventDisableTiming));
+    if (!g_blas_side && cublasCreate(&g_blas_side) != CUBLAS_STATUS_SUCCESS) {
+      g_blas_side = NULL;
+      return gk_fail("cuBLAS initialisation (side stream) failed");
+    }
     cublasSetStream(g_blas_side, g_side);
     g_side_ok = 1;
   }
