@@ -301,9 +301,10 @@ int main(int argc, char **argv) {
    * where the wgmma one is the default, the wgmma kernel's 32-key tiles in
    * two stages, the mHC projection's 32-column steps, the KDA recurrence
    * with 16 and 32 lanes per column (g4's bits), the first three together,
-   * the side stream on, and the defaults again (drift over the run);
-   * median of 3 each */
-  static const char *const vname[14][2] = {{"MLA per-head form in batched GEMMs", "GLM53_GPU_MLA_FLASH=0"},
+   * the side stream on, the MoE GEMM form's outputs in fp32, no merged
+   * GEMMs (KDA q / k / v as three), the KDA projections in fp32, and the
+   * defaults again (drift over the run); median of 3 each */
+  static const char *const vname[17][2] = {{"MLA per-head form in batched GEMMs", "GLM53_GPU_MLA_FLASH=0"},
                                           {"MLA absorbed GEMM form", "GLM53_GPU_MLA_MHA=0"},
                                           {"mHC projection SIMT kernel", "GLM53_GPU_MHC_TC=0"},
                                           {"MLA fused mma.sync kernel, 64 keys per tile", "GLM53_GPU_MLA_FLASH_WG=0 GLM53_GPU_MLA_FLASH_BN=64"},
@@ -316,9 +317,12 @@ int main(int argc, char **argv) {
                                           {"KDA recurrence with 32 lanes per column", "GLM53_GPU_KDA_LAYOUT=y4"},
                                           {"the wgmma 32-key tiles, mHC 32-column steps, KDA x4 together", "GLM53_GPU_MLA_FLASH_WG_BN=32 GLM53_GPU_MHC_K32=1 GLM53_GPU_KDA_LAYOUT=x4"},
                                           {"the side stream on", "GLM53_GPU_SIDE=1"},
+                                          {"the MoE GEMM form's outputs in fp32", "GLM53_GPU_MOE_OUT=f32"},
+                                          {"no merged GEMMs (KDA q, k, v apart)", "GLM53_GPU_GEMM_MERGE=0"},
+                                          {"the KDA q, k, v projections in fp32", "GLM53_GPU_KDA_RAW=f32"},
                                           {"the defaults again", "-"}};
-  for (int v = 0; v < 14; v++) {
-    if (quick && v < 12) continue; /* the newest A/B only */
+  for (int v = 0; v < 17; v++) {
+    if (quick && v < 13) continue; /* the newest A/B only */
     if (v == 7 && !gk_mla_flash_wg()) continue;
     if (v == 6 && !gk_mla_flash_wg()) continue; /* no wgmma kernel here: the mma.sync one is the default */
     if (v == 0) gk_set_mla_flash(0);
@@ -333,6 +337,9 @@ int main(int argc, char **argv) {
     if (v == 9 || v == 11) gk_set_kda_layout(GK_KR_X4);
     if (v == 10) gk_set_kda_layout(GK_KR_Y4);
     if (v == 12) gk_set_side(1);
+    if (v == 13) gk_set_moe_bf16_out(0);
+    if (v == 14) gk_set_gemm_merge(0);
+    if (v == 15) gk_set_kda_raw16(0);
     for (int i = 0; i < 3; i++) {
       glm53_session_reset(s);
       pr[i] = run(s, tok, NP, logits);
@@ -351,6 +358,9 @@ int main(int argc, char **argv) {
     gk_set_mhc_k32(-1);
     gk_set_kda_layout(0);
     gk_set_side(-1);
+    gk_set_moe_bf16_out(-1);
+    gk_set_gemm_merge(-1);
+    gk_set_kda_raw16(-1);
   }
   if (quick) {
     free(base);

@@ -196,13 +196,14 @@ static void *mdev(gmodel *g, size_t n) {
 
 static void *mdev_cb(void *ctx, size_t n) { return mdev(ctx, n); }
 
-static int up_mat(gmodel *g, const wmat *w, gpu_mat *o) {
+/* at: the device bytes to fill (up_adjacent's), NULL: a new allocation */
+static int up_mat_at(gmodel *g, const wmat *w, gpu_mat *o, void *at) {
   memset(o, 0, sizeof *o);
   if (w->fmt == WMAT_NONE) return 0;
   if (w->fmt < WMAT_F32 || w->fmt > WMAT_Q4) return glm53_err("gpu: weight format %d not supported", w->fmt);
   o->fmt = w->fmt; o->rows = w->rows; o->cols = w->cols; o->group = w->group; o->scale_bf16 = w->scale_bf16;
   size_t nb = wmat_data_bytes(w);
-  void *d = mdev(g, nb);
+  void *d = at ? at : mdev(g, nb);
   if (!d || gk_h2d(d, w->data, nb)) return glm53_err("gpu: %s", gk_error());
   o->d = d;
   if (w->fmt == WMAT_Q8 || w->fmt == WMAT_Q4) {
@@ -211,6 +212,26 @@ static int up_mat(gmodel *g, const wmat *w, gpu_mat *o) {
     void *s = mdev(g, sb);
     if (!s || gk_h2d(s, w->scales, sb)) return glm53_err("gpu: %s", gk_error());
     o->s = s;
+  }
+  return 0;
+}
+static int up_mat(gmodel *g, const wmat *w, gpu_mat *o) { return up_mat_at(g, w, o, NULL); }
+/* n bf16 matrices of one width in one allocation, each right after the
+ * previous (sizes multiples of 256 bytes, so each stays aligned alone):
+ * gk_matmul_multi then runs their products of one x as one GEMM where
+ * their outputs are adjacent too (the KDA q | k | v). Else one each. */
+static int up_adjacent(gmodel *g, const wmat *const *w, gpu_mat *const *o, int n) {
+  size_t total = 0;
+  int ok = 1;
+  for (int i = 0; i < n; i++) {
+    ok &= w[i]->fmt == WMAT_BF16 && w[i]->cols == w[0]->cols && wmat_data_bytes(w[i]) % 256 == 0;
+    total += wmat_data_bytes(w[i]);
+  }
+  char *d = ok ? mdev(g, total) : NULL;
+  if (ok && !d) return glm53_err("gpu: %s", gk_error());
+  for (int i = 0; i < n; i++) {
+    if (up_mat_at(g, w[i], o[i], d)) return -1;
+    if (d) d += wmat_data_bytes(w[i]);
   }
   return 0;
 }
@@ -345,8 +366,9 @@ static int upload(glm53_model *m, gmodel *g) {
       const kda_weights *k = &L->kda;
       gkda *o = &G->kda;
       int inner = c->linear_num_heads * c->linear_head_dim;
-      if (up_mat(g, &k->q_proj, &o->q) || up_mat(g, &k->k_proj, &o->k) || up_mat(g, &k->v_proj, &o->v) ||
-          up_mat(g, &k->f_a, &o->fa) || up_mat(g, &k->f_b, &o->fb) || up_mat(g, &k->b_proj, &o->b) ||
+      const wmat *qkv[3] = {&k->q_proj, &k->k_proj, &k->v_proj};
+      gpu_mat *const oqkv[3] = {&o->q, &o->k, &o->v};
+      if (up_adjacent(g, qkv, oqkv, 3) || up_mat(g, &k->f_a, &o->fa) || up_mat(g, &k->f_b, &o->fb) || up_mat(g, &k->b_proj, &o->b) ||
           up_mat(g, &k->g_a, &o->ga) || up_mat(g, &k->g_b, &o->gb) || up_mat(g, &k->o_proj, &o->o))
         return -1;
       o->conv = up_vec(g, k->conv, (size_t)3 * inner * c->linear_conv_kernel_dim, &rc);
@@ -645,6 +667,7 @@ typedef struct {
   float *pwt;
   int *eoff;                     /* gk_moe_sort's first slot per expert [E + 1] */
   const int *erow;               /* the MoE layer's eo row per pair (gk_mhc_post_moe), NULL: the pair */
+  int eo16;                      /* eo holds bf16 rows (the sorted GEMM form's, gk_moe_bf16_out) */
   float *dg, *du, *h;
   int32_t *tok; /* the upload region (io_layout): tokens, token -> segment, segments */
   int *tseg;
@@ -726,9 +749,7 @@ static int ensure_arena(grun *R, const glm53_config *c, int T, int mp, size_t pa
 
 /* gate+up (one fused launch on the GEMV path), then down */
 static int mlp_dev(const gmlp *w, float limit, const float *y, int T, int D, float *g, float *u, float *out) {
-  const int I = w->gate.rows;
-  TRY(gk_gate_up(&w->gate, &w->up, y, T, D, g, u, limit));
-  return gk_matmul(&w->down, g, T, I, out, D);
+  return gk_mlp(&w->gate, &w->up, &w->down, y, T, D, g, u, limit, out, D);
 }
 
 /* The KDA projections in two multi-product launches: q, k, v, the two
@@ -737,9 +758,15 @@ static int mlp_dev(const gmlp *w, float limit, const float *y, int T, int D, flo
  * recurrence. */
 static int kda_body(const glm53_config *c, const gkda *w, const gk_batch *b, acts *A, int T) {
   const int D = c->hidden_size, H = c->linear_num_heads, hd = c->linear_head_dim, inner = H * hd, ch = 3 * inner;
-  const gk_prod p1[] = {{.W = &w->q, .y = A->raw, .ldy = ch},
-                        {.W = &w->k, .y = A->raw + inner, .ldy = ch},
-                        {.W = &w->v, .y = A->raw + 2 * inner, .ldy = ch},
+  /* long chunks: q / k / v in bf16 (half the bytes of the layer's widest
+   * activations; the conv widens them), the gated output straight to the
+   * bf16 rows of the output product */
+  const int raw16 = gk_kda_raw16() && gk_xb16_ok(&w->q, T) && gk_xb16_ok(&w->k, T) && gk_xb16_ok(&w->v, T);
+  const int ob16 = gk_xb16_ok(&w->o, T);
+  uint16_t *r16 = (uint16_t *)A->raw;
+  const gk_prod p1[] = {{.W = &w->q, .y = raw16 ? (float *)r16 : A->raw, .ldy = ch, .y16 = raw16},
+                        {.W = &w->k, .y = raw16 ? (float *)(r16 + inner) : A->raw + inner, .ldy = ch, .y16 = raw16},
+                        {.W = &w->v, .y = raw16 ? (float *)(r16 + 2 * inner) : A->raw + 2 * inner, .ldy = ch, .y16 = raw16},
                         {.W = &w->fa, .y = A->fa, .ldy = 2 * hd},
                         {.W = &w->ga, .y = A->fa + hd, .ldy = 2 * hd},
                         {.W = &w->b, .y = A->beta, .ldy = H}};
@@ -759,7 +786,7 @@ static int kda_body(const glm53_config *c, const gkda *w, const gk_batch *b, act
     TRY(gk_matmul_multi(p1, 6, A->y, T, D));
     TRY(gk_matmul_multi(p2, 2, NULL, T, 0));
   }
-  TRY(gk_kda_conv_prep(A->raw, b, w->conv, T, H, hd, c->linear_conv_kernel_dim, 1.0f / sqrtf((float)hd), A->qkv));
+  TRY(gk_kda_conv_prep(A->raw, raw16, b, w->conv, T, H, hd, c->linear_conv_kernel_dim, 1.0f / sqrtf((float)hd), A->qkv));
   TRY(gk_side_join());
   if (side) { /* (inline if this fork is refused) */
     const int s2 = gk_side_fork();
@@ -773,8 +800,9 @@ static int kda_body(const glm53_config *c, const gkda *w, const gk_batch *b, act
   else
     TRY(gk_kda_recur_gated(b, A->qkv, A->g, w->dt_bias, w->A_log, c->linear_lower_bound, A->beta, T, H, hd, A->o));
   TRY(gk_side_join()); /* z */
-  TRY(gk_kda_out(A->o, A->z, w->o_norm, T, H, hd, c->rms_norm_eps));
-  return gk_matmul(&w->o, A->o, T, inner, A->a, D);
+  /* (the projection buffer is dead from the conv on, the chunked form's work too) */
+  TRY(gk_kda_out(A->o, A->z, w->o_norm, T, H, hd, c->rms_norm_eps, ob16 ? A->raw : NULL));
+  return ob16 ? gk_matmul_xb16(&w->o, A->raw, T, A->a, D) : gk_matmul(&w->o, A->o, T, inner, A->a, D);
 }
 static int kda_dev(const glm53_config *c, const gkda *w, const gk_batch *b, acts *A, int T) {
   const int rc = kda_body(c, w, b, A, T);
@@ -836,11 +864,12 @@ static int mla_body(const glm53_config *c, const gmla *w, const gk_batch *b, act
   TRY(gk_side_join()); /* the queries */
   const float scale = (float)(1.0 / sqrt((double)(nope + c->qk_rope_head_dim)));
   const float *lat = NULL;
-  int rc = 1;
+  int rc = 1, mo16 = 0;
   if (gemm && mla_gemm_on()) { /* long chunks of one sequence: per-head keys and values through cuBLAS */
     TRY(!(lat = gk_pages_linear(0, hl->pg[GK_ST_LATENT], hl->pshift, pos0 + T, kl)));
-    TRY((rc = gk_mla_mha_gemm(A->q, lat, &w->kv_b, A->dense, A->npools, A->tail, A->pools, T, dpos, pos0, H, nope, vd, kl,
-                              P, K, scale, A->mo)) < 0);
+    mo16 = gk_xb16_ok(&w->o, T); /* the fused kernel then writes the output product's bf16 rows */
+    TRY((rc = gk_mla_mha_gemm_out(A->q, lat, &w->kv_b, A->dense, A->npools, A->tail, A->pools, T, dpos, pos0, H, nope, vd,
+                                  kl, P, K, scale, A->mo, &mo16)) < 0);
   }
   if (rc) {
     /* absorbed attention: q~ = W_UK^T q per head, softmax over the selected
@@ -853,8 +882,9 @@ static int mla_body(const glm53_config *c, const gmla *w, const gk_batch *b, act
     if (rc)
       TRY(gk_mla_attn(A->qt, b, A->dense, A->npools, A->tail, A->pools, T, H, kl, P, K, scale, chunk, ns, A->apart, A->ob));
     TRY(gk_matmul_heads(w->heads.uv_h, w->heads.uv_d, H, A->ob, T, kl, A->mo, vd));
+    mo16 = 0;
   }
-  return gk_matmul(&w->o, A->mo, T, H * vd, A->a, D);
+  return mo16 ? gk_matmul_xb16(&w->o, A->mo, T, A->a, D) : gk_matmul(&w->o, A->mo, T, H * vd, A->a, D);
 }
 static int mla_dev(const glm53_config *c, const gmla *w, const gk_batch *b, acts *A, int T, int maxpool, int chunk, int ns,
                    const gk_lstate *hl, int pos0) {
@@ -988,10 +1018,12 @@ static int moe_body(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
   const int side = sorted ? gk_side_fork() : 0;
   TRY(side < 0);
   if (side) {
-    TRY(gk_gate_up(&G->shared.gate, &G->shared.up, A->y, T, D, A->sg, A->su, lim));
-    TRY(gk_matmul(&G->shared.down, A->sg, T, Is, A->a, D));
+    TRY(gk_mlp(&G->shared.gate, &G->shared.up, &G->shared.down, A->y, T, D, A->sg, A->su, lim, A->a, D));
     TRY(gk_side_back());
     TRY(gk_matmul(&G->router, A->y, T, D, A->logits, E));
+  } else if (T >= gk_gemm_min()) { /* (gk_mlp: the SwiGLU straight to bf16 on the cuBLAS path) */
+    TRY(gk_matmul(&G->router, A->y, T, D, A->logits, E));
+    TRY(gk_mlp(&G->shared.gate, &G->shared.up, &G->shared.down, A->y, T, D, A->sg, A->su, lim, A->a, D));
   } else {
     const gk_prod p[] = {{.W = &G->router, .y = A->logits, .ldy = E},
                          {.W = &G->shared.gate, .y = A->sg, .ldy = Is, .W2 = &G->shared.up, .u = A->su, .limit = lim}};
@@ -1002,7 +1034,7 @@ static int moe_body(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
    * shared expert's down product and the grouping run */
   TRY(gk_moe_route_pf(A->logits, G->bias, T, E, k, c->n_group, c->topk_group, c->norm_topk_prob,
                       c->routed_scaling_factor, A->idx, A->wt, T < gk_gemm_min() ? G->d_exp : NULL));
-  if (!side) TRY(gk_matmul(&G->shared.down, A->sg, T, Is, A->a, D));
+  if (T < gk_gemm_min()) TRY(gk_matmul(&G->shared.down, A->sg, T, Is, A->a, D));
   if (T < gk_gemm_min()) { /* decode: pairs grouped per expert on the device, each expert's weights read once */
     TRY(gk_expert_group(A->idx, np, E, A->grp));
     TRY(gk_experts_grouped(G->d_exp, 0, 1, lim, G->efmt, I, D, A->grp, A->idx, np, E, k, 1, A->y, D, A->pg, I, A->pu));
@@ -1014,6 +1046,7 @@ static int moe_body(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
              gk_moe_experts_gemm(G->h_exp, E, hoff, A->eoff, A->prow, A->idx, k, A->y, D, T, D, I, lim, A->pg, A->pu, A->eo,
                                  A->trow);
     A->erow = A->trow;
+    A->eo16 = gk_moe_bf16_out();
     return rc ? -1 : 0;
   }
   /* f32 experts (fp32 SGEMMs): the pairs grouped by expert on the host, one
@@ -1073,11 +1106,11 @@ static int site(const glm53_config *c, const ghc *hw, const float *norm_w, acts 
 static int post_then_proj(const glm53_config *c, const ghc *next, acts *A, int T, int moe) {
   const int D = c->hidden_size, hc = c->hc_mult, k = c->num_experts_per_tok;
   int rc = 1;
-  if (next && T >= MHC_PROJ_MIN && mhc_proj_on())
+  if (next && T >= MHC_PROJ_MIN && mhc_proj_on() && !(moe && A->eo16)) /* (its combine reads fp32 rows) */
     TRY((rc = gk_mhc_post_proj(A->X, A->a, moe ? A->eo : NULL, A->erow, A->idx, A->wt, k, A->post, A->comb, T, hc, D,
                                &next->fn, A->mixraw, A->ssq)) < 0);
   if (!rc) return 1;
-  if (moe) TRY(gk_mhc_post_moe(A->X, A->a, A->eo, A->erow, A->idx, A->wt, k, A->post, A->comb, T, hc, D));
+  if (moe) TRY(gk_mhc_post_moe(A->X, A->a, A->eo, A->eo16, A->erow, A->idx, A->wt, k, A->post, A->comb, T, hc, D));
   else TRY(gk_mhc_post(A->X, A->a, A->post, A->comb, T, hc, D));
   return 0;
 }
@@ -1118,7 +1151,8 @@ static int record(const fwd *f) {
     TRY((projected = post_then_proj(c, &G->hc[1], A, T, 0)) < 0);
     TRY(site(c, &G->hc[1], G->post_norm, A, T, projected));
     pr_mark(PR_MHC);
-    A->erow = NULL; /* moe_dev sets it for the expert-sorted GEMM form */
+    A->erow = NULL; /* moe_dev sets both for the expert-sorted GEMM form */
+    A->eo16 = 0;
     if (!moe) TRY(mlp_dev(&G->dense, c->swiglu_limit, A->y, T, D, A->dg, A->du, A->a));
     else TRY(moe_dev(c, g, l, A, T));
     pr_mark(moe ? PR_MOE : PR_DENSE);

@@ -252,7 +252,7 @@ static void check_kda(srng *r, gpu_check *out, int max, int *k) {
   gk_batch b = one_seg(&d, &ls, T, 0);
   if (!d.bad && !gk_kda_conv(draw, &b, dcw, T, ch, K, dqkv) && !gk_kda_prep(dqkv, T, H, hd, qs) &&
       !gk_kda_recur_gated(&b, dqkv, dg, ddt, dA, lb, dbl, T, H, hd, dO) && /* the forward's fused gate */
-      !gk_kda_out(dO, dz, dow, T, H, hd, 1e-5f) && !gk_d2h(go, dO, (size_t)T * inner * 4) &&
+      !gk_kda_out(dO, dz, dow, T, H, hd, 1e-5f, NULL) && !gk_d2h(go, dO, (size_t)T * inner * 4) &&
       !gk_d2h(gS, dS, (size_t)H * hd * hd * 4) && !gk_d2h(gcs, dcs, (size_t)(K - 1) * ch * 4)) {
     e1 = relerr(go, o, (size_t)T * inner);
     for (int h = 0; h < H; h++)

@@ -37,8 +37,10 @@ static float bf(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 
 /* BN 32 or 64: mla_flash_k with that many keys per tile; BN 0: the
  * warpgroup kernel mla_flash_wg_k (WBN keys per tile: 64 in one stage, 32
- * in two; 128 tokens per block; its blocks in groups of hg heads) */
-template <int NOPE, int VD, int BN, int DG = 0, int WBN = 64> static void flash_case(int H, int P, int K, int pos0, int T, int hg = 1) {
+ * in two; 128 tokens per block; its blocks in groups of hg heads). o16:
+ * also the bf16 output rows, which must be the fp32 output's rounding. */
+template <int NOPE, int VD, int BN, int DG = 0, int WBN = 64>
+static void flash_case(int H, int P, int K, int pos0, int T, int hg = 1, bool o16 = false) {
   const int ctx = pos0 + T, lrows = (ctx + 7) / 8 * 8, ldh = 2 * (NOPE + VD);
   int pshift = 0;
   while ((1 << pshift) < P) pshift++;
@@ -106,19 +108,31 @@ template <int NOPE, int VD, int BN, int DG = 0, int WBN = 64> static void flash_
   const int nw = mf_map_words(lrows, P);
   std::vector<uint32_t> map((size_t)T * nw, 0xdeadbeefu);
   std::vector<float> out((size_t)T * H * VD, NAN);
+  std::vector<uint16_t> out16((size_t)T * H * VD, 0xffffu);
   const float sl2 = (float)(scale * 1.4426950408889634);
   bool ok = (BN ? mf_cfg<NOPE, VD, BN ? BN : 32>::smem : mw_cfg<NOPE, VD, WBN>::smem) <= sizeof emu_smem_buf;
   ok = ok && emu_launch(dim3(T), dim3(256), [&] { mf_selmap_k(dense.data(), np.data(), pools.data(), K, nw, map.data()); });
-  if (BN)
-    ok = ok && emu_launch(dim3((T + MF_BM - 1) / MF_BM, H), dim3(MF_THREADS), [&] {
-           mla_flash_k<NOPE, VD, BN ? BN : 32>(q16.data(), kv.data(), dense.data(), tail.data(), map.data(), nw, &pos0, T, H,
-                                               pshift, lrows, sl2, out.data());
-         });
-  else
-    ok = ok && emu_launch(dim3((T + MW_BM - 1) / MW_BM * H), dim3(MW_THREADS), [&] {
-           mla_flash_wg_k<NOPE, VD, DG, WBN>(q16.data(), kv.data(), dense.data(), tail.data(), map.data(), nw, &pos0, T, H, pshift,
-                                    lrows, sl2, hg, out.data());
-         });
+  for (int b16 = 0; b16 <= (o16 ? 1 : 0); b16++) {
+    void *dst = b16 ? (void *)out16.data() : (void *)out.data();
+    if (BN)
+      ok = ok && emu_launch(dim3((T + MF_BM - 1) / MF_BM, H), dim3(MF_THREADS), [&] {
+             mla_flash_k<NOPE, VD, BN ? BN : 32>(q16.data(), kv.data(), dense.data(), tail.data(), map.data(), nw, &pos0, T, H,
+                                                 pshift, lrows, sl2, dst, b16);
+           });
+    else
+      ok = ok && emu_launch(dim3((T + MW_BM - 1) / MW_BM * H), dim3(MW_THREADS), [&] {
+             mla_flash_wg_k<NOPE, VD, DG, WBN>(q16.data(), kv.data(), dense.data(), tail.data(), map.data(), nw, &pos0, T, H,
+                                               pshift, lrows, sl2, hg, dst, b16);
+           });
+  }
+  if (o16) {
+    size_t bad = 0;
+    for (size_t i = 0; i < out.size(); i++) bad += out16[i] != (uint16_t)bf16_bits(out[i]);
+    CHECK(ok && !bad, "mla flash nope %d vd %d BN %d: %zu bf16 outputs differ from the fp32 output's rounding", NOPE, VD, BN,
+          bad);
+    printf("mla flash (emulated) nope %-3d vd %-3d BN %-2d bf16 outputs: the fp32 output's rounding %s\n", NOPE, VD, BN,
+           ok && !bad ? "yes" : "NO");
+  }
   const double err = rows_rel_diff(ref.data(), out.data(), T * H, VD);
   const char *kern = BN == 64 ? "mma.sync 64" : BN ? "mma.sync 32" : DG ? "wgmma K early" : WBN == 32 ? "wgmma 32x2 " : "wgmma 64  ";
   CHECK(ok, "mla flash %d/%d, %s keys per tile: the emulated kernels deadlocked or do not fit", NOPE, VD, kern);
@@ -166,5 +180,8 @@ int main() {
   flash_case<64, 32, 0, 0, 32>(1, 16, 3, 100, 150);
   flash_case<256, 256, 0, 0, 32>(1, 4, 16, 40, 30);
   flash_case<256, 256, 0, 0, 32>(1, 4, 16, 0, 200);
+  /* bf16 outputs (the output product's x: gk_mla_mha_gemm_out) */
+  flash_case<64, 32, 32>(1, 8, 4, 100, 40, 1, true);
+  flash_case<64, 32, 0>(2, 4, 3, 100, 150, 2, true);
   TEST_DONE();
 }

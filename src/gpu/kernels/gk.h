@@ -79,6 +79,10 @@ int gk_side_back(void);
 int gk_side_join(void);
 void gk_set_side(int on); /* 1 on, 0 off, -1: GLM53_GPU_SIDE=1 (default off) */
 unsigned gk_side_forks(void); /* forks so far (tests: that the side stream ran) */
+/* products that gk_matmul_multi's cuBLAS path ran inside a merged GEMM so
+ * far (adjacent bf16 weights and outputs; tests: that the merge ran) */
+unsigned gk_gemm_merged(void);
+void gk_set_gemm_merge(int on); /* 1 on (default), 0 off (GLM53_GPU_GEMM_MERGE=0), -1 the environment */
 /* GEMV kernel (bench/tests): 3 = the default v3 (chunked, split-K by shape,
  * docs/gpu.md); 4 = v3 without load pipelining (same bits as 3); 1 = the
  * one-row-per-warp kernel ($GLM53_GPU_GEMV=1); 2 = the rows-per-warp kernel
@@ -110,7 +114,10 @@ int gk_matmul_expert_only(const gpu_mat *d_wset, int which, int fmt, int rows, i
  * (the GEMV path: one launch per weight format and up to 6 products;
  * cuBLAS runs them one by one): y_i = X_i W_i^T with X_i = the product's
  * own x (ldx) or, when NULL, the shared one; each with the bits gk_matmul
- * gives it alone. With W2 (an up matrix of W's shape and format) the
+ * gives it alone, except on the cuBLAS path for consecutive bf16 products
+ * whose matrices and outputs are adjacent (W_{i+1} stored right after W_i,
+ * y_{i+1} = y_i + W_i rows, the same ldy): one GEMM of their summed rows,
+ * equal to fp32 rounding (gk_gemm_merged counts them). With W2 (an up matrix of W's shape and format) the
  * product is gk_gate_up's: y = swiglu(X W^T, X W2^T), u its scratch. */
 typedef struct {
   const gpu_mat *W;
@@ -121,8 +128,20 @@ typedef struct {
   const gpu_mat *W2; /* NULL: a plain product */
   float *u;          /* fused: scratch of n x W rows floats (cuBLAS path) */
   float limit;       /* fused: the SwiGLU clamp */
+  int y16;           /* y holds bf16 (raw bits; ldy in them): plain products of the shared x on the cuBLAS path only */
 } gk_prod;
 int gk_matmul_multi(const gk_prod *p, int np, const float *x, int n, int ldx);
+/* y = xb W^T from x already in bf16 (dense rows of W cols, the rounding
+ * gk_matmul's cuBLAS path gives x): the same bits as gk_matmul of the fp32
+ * x. Only where gk_xb16_ok (the cuBLAS path, W not fp32); else an error. */
+int gk_matmul_xb16(const gpu_mat *W, const void *xb, int n, float *y, int ldy);
+int gk_xb16_ok(const gpu_mat *W, int n);
+/* out = down(swiglu(x gate^T, x up^T)) (out ldo apart; g, u: n x gate rows
+ * floats, g's rows then hold the SwiGLU on the GEMV path): gk_gate_up then
+ * gk_matmul, with the same bits; on the cuBLAS path the SwiGLU goes
+ * straight to the bf16 rows the down product reads (no fp32 pass). */
+int gk_mlp(const gpu_mat *Wg, const gpu_mat *Wu, const gpu_mat *Wd, const float *x, int n, int ldx, float *g, float *u,
+           float limit, float *out, int ldo);
 /* g[n][I] = swiglu(X Wg^T, X Wu^T) (I = Wg rows; u: scratch of the same
  * size, used by the cuBLAS path); GEMV path: one fused launch, the bits of
  * gk_matmul + gk_matmul + gk_swiglu. */
@@ -203,9 +222,11 @@ int gk_mhc_post(float *X, const float *a, const float *post, const float *comb, 
 /* the same after a MoE: a = a (shared expert) + the routed outputs eo
  * weighted by wt in ascending expert id, as gk_moe_combine adds them (same
  * bits, one launch less). Pair p's output is row p of eo, or with erow !=
- * NULL row erow[p] (the slots gk_moe_experts_gemm wrote). */
-int gk_mhc_post_moe(float *X, const float *a, const float *eo, const int *erow, const int *idx, const float *wt, int k,
-                    const float *post, const float *comb, int T, int hc, int D);
+ * NULL row erow[p] (the slots gk_moe_experts_gemm wrote). eo_bf16: eo holds
+ * bf16 rows (raw bits; gk_moe_experts_gemm's outputs where
+ * gk_moe_bf16_out()), widened as they are read; else fp32. */
+int gk_mhc_post_moe(float *X, const float *a, const void *eo, int eo_bf16, const int *erow, const int *idx, const float *wt,
+                    int k, const float *post, const float *comb, int T, int hc, int D);
 /* gk_mhc_post (eo NULL) or gk_mhc_post_moe followed by gk_mhc_proj of the
  * new X with the next site's fn, in one pass over X (tensor cores, long
  * chunks; its column grouping differs from gk_mhc_proj's: equal within
@@ -264,9 +285,15 @@ typedef struct {
 int gk_kda_conv(const float *raw, const gk_batch *b, const float *w, int T, int ch, int K, float *qkv);
 int gk_kda_prep(float *qkv, int T, int H, int hd, float qscale);          /* l2norm q,k (+ scale q) */
 /* gk_kda_conv then gk_kda_prep in one pass (same bits; ch = 3 * H * hd);
- * one launch when no segment is longer than 4 tokens (decode), else two */
-int gk_kda_conv_prep(const float *raw, const gk_batch *b, const float *w, int T, int H, int hd, int K, float qscale,
+ * one launch when no segment is longer than 4 tokens (decode), else two.
+ * raw16: raw holds bf16 (raw bits; the projections' bf16 outputs of long
+ * chunks, gk_kda_raw16), widened as read; the conv state stays fp32. */
+int gk_kda_conv_prep(const void *raw, int raw16, const gk_batch *b, const float *w, int T, int H, int hd, int K, float qscale,
                      float *qkv);
+/* the KDA q / k / v projections of long chunks written in bf16 (1,
+ * default), or fp32 (0; GLM53_GPU_KDA_RAW=f32); -1 the environment */
+void gk_set_kda_raw16(int on);
+int gk_kda_raw16(void);
 /* its prefill form's tokens per warp with 4 taps, 1, 4 or 8, the same
  * bits (0: GLM53_GPU_KDA_CONV_NT, default 4) */
 void gk_set_kda_conv_nt(int nt);
@@ -296,7 +323,10 @@ int gk_kda_chunk_use(const gk_batch *b, int hd);
 size_t gk_kda_chunk_work(int T, int H, int hd);
 int gk_kda_chunked(const gk_batch *b, float *qkv, float *graw, const float *dt_bias, const float *A_log,
                    float lower_bound, const float *beta_logit, int T, int H, int hd, float *work, float *o);
-int gk_kda_out(float *o, const float *z, const float *w, int T, int H, int hd, float eps);
+/* ob NULL: o normalised and gated in place; else written to ob in bf16
+ * (raw bits, the rounding the output projection's cuBLAS path gives its x:
+ * gk_matmul_xb16 then gives gk_matmul's bits) */
+int gk_kda_out(float *o, const float *z, const float *w, int T, int H, int hd, float eps, void *ob);
 /* the recurrence's layout, bench A/B (gk_layers.cu kr_layout; 0:
  * GLM53_GPU_KDA_LAYOUT, default g4): 32 lanes per column with 4 or 8
  * columns per warp (w4, w8), 8 lanes per column with 1, 2 or 4 columns
@@ -369,6 +399,12 @@ int gk_mla_attn_gemm(const float *qt, const float *latent, const int *dense, con
 int gk_mla_mha_gemm(const float *q, const float *latent, const gpu_mat *kvb, const int *dense, const int *npools,
                     const int *tail, const int *pools, int T, const int *dpos, int pos0, int H, int nope, int vd, int kl,
                     int P, int K, float scale, float *out);
+/* the same; *out16 on entry: bf16 rows are welcome (the output product
+ * reads them through gk_matmul_xb16, same bits); on return 1 when out
+ * holds bf16 (the fused kernel ran), 0 fp32 */
+int gk_mla_mha_gemm_out(const float *q, const float *latent, const gpu_mat *kvb, const int *dense, const int *npools,
+                        const int *tail, const int *pools, int T, const int *dpos, int pos0, int H, int nope, int vd, int kl,
+                        int P, int K, float scale, void *out, int *out16);
 /* -1: the environment (GLM53_GPU_MLA_MHA, default on), 0/1: off/on */
 void gk_set_mla_mha(int on);
 int gk_mla_mha_on(void);
@@ -411,6 +447,11 @@ int gk_mla_flash_map_words(int lrows, int P);
 int gk_mla_flash(const uint16_t *Q16, const uint16_t *KV3, const int *dense, const int *npools, const int *tail,
                  const int *pools, int K, const int *dpos, int T, int H, int nope, int vd, int P, int lrows, float scale,
                  uint32_t *map, float *out);
+/* the same, out16: out as bf16 rows (raw bits, the rounding of the output
+ * product's x on the cuBLAS path) */
+int gk_mla_flash_out(const uint16_t *Q16, const uint16_t *KV3, const int *dense, const int *npools, const int *tail,
+                     const int *pools, int K, const int *dpos, int T, int H, int nope, int vd, int P, int lrows, float scale,
+                     uint32_t *map, void *out, int out16);
 /* timing diagnostics of the warpgroup kernel (bench only; its results are
  * then wrong): MW_DG_* bits of stages to leave out (gk_mla_flash_wg.cuh),
  * 0 none; -1 for a combination not compiled in for the keys per tile set
@@ -447,7 +488,11 @@ int gk_scatter_rows(float *dst, const float *src, const int *rows, int n, int D)
  * (T rows, ldx apart), for every expert matrix format (quantized ones dequantised to bf16 per
  * expert); rows may be padded per expert, so g, u and eo need
  * gk_moe_gemm_rows(np) rows (fp32, I, I and D wide). Activations rounded
- * to bf16 (as gk_matmul's cuBLAS path). */
+ * to bf16 (as gk_matmul's cuBLAS path). Where gk_moe_bf16_out() (the
+ * default) the GEMMs write bf16: gate and up, and eo as bf16 rows of D
+ * (raw bits, at the start of the same buffers; gk_mhc_post_moe with
+ * eo_bf16 reads them): half the bytes of the widest activations of a
+ * prefill, where the next step rounds to bf16 anyway (h) or adds them once. */
 int gk_moe_sort(const int *idx, int np, int E, int *perm, int *off);
 size_t gk_moe_gemm_rows(int npairs);
 int gk_moe_experts_gemm(const gpu_mat *h_exp, int E, const int *hoff, const int *off, const int *perm, const int *idx, int k,
@@ -455,6 +500,9 @@ int gk_moe_experts_gemm(const gpu_mat *h_exp, int E, const int *hoff, const int 
 /* its gather from a bf16 copy of x's T rows (default) or from the fp32 rows
  * (0; GLM53_GPU_MOE_X16=0): the same bits; -1 the environment */
 void gk_set_moe_x16(int on);
+/* bf16 gate / up / eo (1), or fp32 (0; GLM53_GPU_MOE_OUT=f32); -1 the environment */
+void gk_set_moe_bf16_out(int on);
+int gk_moe_bf16_out(void);
 
 /* ---- CUDA graphs (decode replay) ---- */
 int gk_graphs_supported(void);       /* 0 in the HIP build */

@@ -150,6 +150,18 @@ template <int V> __device__ __forceinline__ void vload(float *v, const float *p)
     for (int i = 0; i < V; i++) v[i] = p[i];
   }
 }
+/* V consecutive bf16 values (raw bits) widened to float (V 4: one 8-byte
+ * access, p aligned to 8): the MoE GEMM form's expert outputs */
+template <int V> __device__ __forceinline__ void vload(float *v, const uint16_t *p) {
+  if (V == 4) {
+    const uint2 q = *(const uint2 *)p;
+    v[0] = __uint_as_float(q.x << 16); v[1] = __uint_as_float(q.x & 0xffff0000u);
+    v[2] = __uint_as_float(q.y << 16); v[3] = __uint_as_float(q.y & 0xffff0000u);
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; i++) v[i] = __uint_as_float((uint32_t)p[i] << 16);
+  }
+}
 template <int V> __device__ __forceinline__ void vstore(float *p, const float *v) {
   if (V == 4) *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
   else {
@@ -161,6 +173,9 @@ template <int V> __device__ __forceinline__ void vstore(float *p, const float *v
 static inline unsigned gk_blocks(size_t n, unsigned per) { return (unsigned)((n + per - 1) / per); }
 
 __device__ __forceinline__ float bf16f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+/* one element of fp32 or bf16 (raw bits) storage as float */
+__device__ __forceinline__ float ld_f(const float *p) { return *p; }
+__device__ __forceinline__ float ld_f(const uint16_t *p) { return bf16f(*p); }
 __device__ __forceinline__ float gk_scale(const gpu_mat &W, size_t r, int j) {
   size_t ng = (size_t)W.cols / W.group;
   uint16_t s = ((const uint16_t *)W.s)[r * ng + j / W.group];

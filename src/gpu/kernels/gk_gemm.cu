@@ -160,6 +160,7 @@ unsigned *gk_scratch_counters(size_t n) {
  * pair per stream (the side stream's work runs beside the compute
  * stream's) */
 static gk_scratch g_xb[2], g_wb[2];
+static gk_scratch g_hb[2]; /* gk_mlp's bf16 SwiGLU output */
 #endif
 
 /* ---- the side stream (gk.h) ---- */
@@ -227,6 +228,14 @@ extern "C" int gk_gemm_min(void) {
 }
 extern "C" void gk_set_gemm_min(int n) { g_gemm_min = n > 0 ? n : -1; }
 extern "C" int gk_have_blas(void) { return GK_HAVE_BLAS; }
+static unsigned g_merged; /* products run inside a merged GEMM (multi_blas's merge_run) */
+extern "C" unsigned gk_gemm_merged(void) { return g_merged; }
+static int g_merge = -1;
+extern "C" void gk_set_gemm_merge(int on) { g_merge = on < 0 ? -1 : !!on; }
+static int merge_on(void) {
+  if (g_merge < 0) g_merge = !(getenv("GLM53_GPU_GEMM_MERGE") && !strcmp(getenv("GLM53_GPU_GEMM_MERGE"), "0"));
+  return g_merge;
+}
 
 /* ---------------- GEMV ----------------
  * Three kernels: v3 (the default, further below), and the two before it,
@@ -618,6 +627,33 @@ __global__ void to_bf16_k(const float *x, int n, int cols, int ldx, __nv_bfloat1
   size_t t = i / cols, c = i % cols;
   o[i] = __float2bfloat16(x[t * ldx + c]);
 }
+/* The same rounding (bf16_bits is __float2bfloat16's) four or eight
+ * elements per thread: x's rows contiguous (ldx == cols, n8 groups of
+ * eight), or rows of c4 groups of four ld4 apart (32-bit index arithmetic:
+ * the per-element kernel's 64-bit division kept it well off the memory
+ * roofline, and every cuBLAS product of a long chunk converts its x). */
+__global__ void to_bf16_v8_k(const float4 *x, unsigned n8, uint4 *o) {
+  GK_PDL_BEGIN();
+  const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n8) return;
+  const float4 a = x[2 * i], b = x[2 * i + 1];
+  o[i] = make_uint4(bf16_bits(a.x) | bf16_bits(a.y) << 16, bf16_bits(a.z) | bf16_bits(a.w) << 16,
+                    bf16_bits(b.x) | bf16_bits(b.y) << 16, bf16_bits(b.z) | bf16_bits(b.w) << 16);
+}
+__global__ void to_bf16_v4_k(const float4 *x, unsigned c4, unsigned ld4, unsigned n4, uint2 *o) {
+  GK_PDL_BEGIN();
+  const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n4) return;
+  const unsigned t = i / c4, c = i - t * c4;
+  const float4 a = x[(size_t)t * ld4 + c];
+  o[i] = make_uint2(bf16_bits(a.x) | bf16_bits(a.y) << 16, bf16_bits(a.z) | bf16_bits(a.w) << 16);
+}
+/* bf16(swiglu(g, u)): gk_swiglu's value rounded as x_bf16 rounds it */
+__global__ void swiglu_bf16_k(const float *g, const float *u, size_t n, float limit, uint16_t *h) {
+  GK_PDL_BEGIN();
+  const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i < n) h[i] = (uint16_t)bf16_bits(swiglu1(g[i], u[i], limit));
+}
 __global__ void dequant_bf16_k(gpu_mat W, __nv_bfloat16 *o) {
   GK_PDL_BEGIN();
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
@@ -635,10 +671,19 @@ void gk_dequant_bf16(const gpu_mat *W, __nv_bfloat16 *out) {
 /* x [n][cols] (ldx apart) as dense bf16 rows in the g_xb scratch */
 static const __nv_bfloat16 *x_bf16(const float *x, int n, int cols, int ldx) {
   __nv_bfloat16 *xb = (__nv_bfloat16 *)scratch(&g_xb[g_on_side], (size_t)n * cols * 2);
-  if (xb) gk_launch(to_bf16_k, gk_blocks((size_t)n * cols, 256), 256, 0, x, n, cols, ldx, xb);
+  if (!xb) return NULL;
+  const size_t ne = (size_t)n * cols;
+  if (ne / 4 < 0xffffffffu && (uintptr_t)x % 16 == 0 && cols % 4 == 0 && ldx % 4 == 0) {
+    if (ldx == cols && ne % 8 == 0)
+      gk_launch(to_bf16_v8_k, gk_blocks(ne / 8, 256), 256, 0, (const float4 *)x, (unsigned)(ne / 8), (uint4 *)xb);
+    else
+      gk_launch(to_bf16_v4_k, gk_blocks(ne / 4, 256), 256, 0, (const float4 *)x, (unsigned)(cols / 4), (unsigned)(ldx / 4),
+                (unsigned)(ne / 4), (uint2 *)xb);
+  } else
+    gk_launch(to_bf16_k, gk_blocks(ne, 256), 256, 0, x, n, cols, ldx, xb);
   return xb;
 }
-static int gemm_xb(const gpu_mat *W, const __nv_bfloat16 *xb, int n, float *y, int ldy);
+static int gemm_xb(const gpu_mat *W, const __nv_bfloat16 *xb, int n, float *y, int ldy, bool y16 = false);
 
 static int gemm(const gpu_mat *W, const float *x, int n, int ldx, float *y, int ldy) {
   const float one = 1.f, zero = 0.f;
@@ -652,8 +697,9 @@ static int gemm(const gpu_mat *W, const float *x, int n, int ldx, float *y, int 
   return xb ? gemm_xb(W, xb, n, y, ldy) : -1;
 }
 
-/* y = xb . W^T for bf16 rows xb [n][W cols] (quantized W dequantised) */
-static int gemm_xb(const gpu_mat *W, const __nv_bfloat16 *xb, int n, float *y, int ldy) {
+/* y = xb . W^T for bf16 rows xb [n][W cols] (quantized W dequantised);
+ * y16: y holds bf16 (ldy in its elements) */
+static int gemm_xb(const gpu_mat *W, const __nv_bfloat16 *xb, int n, float *y, int ldy, bool y16) {
   const float one = 1.f, zero = 0.f;
   const void *wb = W->d;
   if (W->fmt != GF_BF16) { /* quantized: dequantize to bf16 once per call (prefill only) */
@@ -663,7 +709,7 @@ static int gemm_xb(const gpu_mat *W, const __nv_bfloat16 *xb, int n, float *y, i
     wb = t;
   }
   if (cublasGemmEx(blas_now(), CUBLAS_OP_T, CUBLAS_OP_N, W->rows, n, W->cols, &one, wb, CUDA_R_16BF, W->cols, xb,
-                   CUDA_R_16BF, W->cols, &zero, y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F,
+                   CUDA_R_16BF, W->cols, &zero, y, y16 ? CUDA_R_16BF : CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F,
                    CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
     return gk_fail("cublasGemmEx failed (%d x %d x %d)", W->rows, n, W->cols);
   return GK_LAUNCHED("gemm bf16");
@@ -714,16 +760,40 @@ extern "C" int gk_matmul(const gpu_mat *W, const float *x, int n, int ldx, float
 
 
 #if GK_HAVE_BLAS
+/* How many products from p[0] on form one GEMM: bf16 matrices of the shared
+ * x, each stored right after the previous one (gk_weights_adjacent at
+ * upload) and writing right after the previous one's columns with the
+ * same row stride, as the KDA q | k | v projections into their qkv rows:
+ * one GEMM of the summed rows instead of three of a third (fewer waves
+ * and one tail). */
+static int merge_run(const gk_prod *p, int np) {
+  const gpu_mat *W = p[0].W;
+  if (!merge_on() || W->fmt != GF_BF16 || p[0].W2 || p[0].x) return 1;
+  int m = 1;
+  size_t rows = W->rows;
+  const size_t es = p[0].y16 ? 2 : 4;
+  while (m < np) {
+    const gpu_mat *V = p[m].W;
+    if (V->fmt != GF_BF16 || p[m].W2 || p[m].x || V->cols != W->cols || p[m].ldy != p[0].ldy || p[m].y16 != p[0].y16 ||
+        (const char *)V->d != (const char *)W->d + rows * W->cols * 2 || (const char *)p[m].y != (const char *)p[0].y + rows * es)
+      break;
+    rows += V->rows;
+    m++;
+  }
+  return m;
+}
 /* the cuBLAS path of gk_matmul_multi: the products of the shared x (bf16 or
  * quantized weights) take one bf16 conversion of it; the others go through
  * gk_matmul / gk_gate_up (which convert their own x). Same results as one
- * gk_matmul per product. */
+ * gk_matmul per product, but for runs of adjacent bf16 products
+ * (merge_run: one GEMM of their summed rows, equal to fp32 rounding). */
 static int multi_blas(const gk_prod *p, int np, const float *x, int n, int ldx) {
   int have = -1; /* columns of x now in g_xb, -1: none */
   const __nv_bfloat16 *xb = NULL;
   for (int i = 0; i < np; i++) {
     const gpu_mat *W = p[i].W, *W2 = p[i].W2;
     const int shared = !p[i].x && W->fmt != GF_F32 && (!W2 || (W2->fmt != GF_F32 && W2->cols == W->cols));
+    if (p[i].y16 && (!shared || W2)) return gk_fail("matmul: bf16 output of a product that is not a plain one of the shared x");
     if (!shared) {
       const float *xi = p[i].x ? p[i].x : x;
       const int li = p[i].x ? p[i].ldx : ldx;
@@ -736,7 +806,12 @@ static int multi_blas(const gk_prod *p, int np, const float *x, int n, int ldx) 
       have = W->cols;
     }
     if (!W2) {
-      if (gemm_xb(W, xb, n, p[i].y, p[i].ldy)) return -1;
+      const int m = merge_run(p + i, np - i);
+      gpu_mat Wm = *W;
+      for (int j = 1; j < m; j++) Wm.rows += p[i + j].W->rows;
+      if (gemm_xb(&Wm, xb, n, p[i].y, p[i].ldy, p[i].y16)) return -1;
+      if (m > 1) g_merged += m;
+      i += m - 1;
       continue;
     }
     if (p[i].ldy != W->rows) return gk_fail("matmul: fused gate/up output stride %d", p[i].ldy);
@@ -753,6 +828,8 @@ extern "C" int gk_matmul_multi(const gk_prod *p, int np, const float *x, int n, 
 #if GK_HAVE_BLAS
   if (use_blas(n)) return multi_blas(p, np, x, n, ldx);
 #endif
+  for (int i = 0; i < np; i++)
+    if (p[i].y16) return gk_fail("matmul: bf16 outputs need the cuBLAS path (%d tokens)", n);
   if (use_blas(n) || gemv_ver() < 3 || np > 16) {
     for (int i = 0; i < np; i++) {
       const float *xi = p[i].x ? p[i].x : x;
@@ -787,6 +864,35 @@ extern "C" int gk_gate_up(const gpu_mat *Wg, const gpu_mat *Wu, const float *x, 
   }
   const gv_req r = {Wg, Wu, x, ldx, g, I, limit};
   return gv3_products(&r, 1, n, gemv_ver() == 4);
+}
+
+extern "C" int gk_matmul_xb16(const gpu_mat *W, const void *xb, int n, float *y, int ldy) {
+  if (n <= 0) return 0;
+#if GK_HAVE_BLAS
+  if (use_blas(n) && W->fmt != GF_F32) return gemm_xb(W, (const __nv_bfloat16 *)xb, n, y, ldy);
+#endif
+  (void)xb; (void)y; (void)ldy;
+  return gk_fail("matmul: bf16 x needs the cuBLAS path and 16-bit or quantized weights (%d tokens, format %d)", n, W->fmt);
+}
+extern "C" int gk_xb16_ok(const gpu_mat *W, int n) { return use_blas(n) && W->fmt != GF_F32; }
+
+extern "C" int gk_mlp(const gpu_mat *Wg, const gpu_mat *Wu, const gpu_mat *Wd, const float *x, int n, int ldx, float *g,
+                      float *u, float limit, float *out, int ldo) {
+  if (n <= 0) return 0;
+  const int I = Wg->rows;
+#if GK_HAVE_BLAS
+  if (use_blas(n) && Wg->fmt != GF_F32 && Wu->fmt != GF_F32 && Wd->fmt != GF_F32 && Wg->cols == Wu->cols &&
+      Wd->cols == I) {
+    const __nv_bfloat16 *xb = x_bf16(x, n, Wg->cols, ldx);
+    uint16_t *hb = (uint16_t *)scratch(&g_hb[g_on_side], (size_t)n * I * 2);
+    if (!xb || !hb || gemm_xb(Wg, xb, n, g, I) || gemm_xb(Wu, xb, n, u, I)) return -1;
+    gk_launch(swiglu_bf16_k, gk_blocks((size_t)n * I, 256), 256, 0, (const float *)g, (const float *)u, (size_t)n * I, limit,
+              hb);
+    if (GK_LAUNCHED("swiglu bf16")) return -1;
+    return gemm_xb(Wd, (const __nv_bfloat16 *)hb, n, out, ldo);
+  }
+#endif
+  return gk_gate_up(Wg, Wu, x, n, ldx, g, u, limit) || gk_matmul(Wd, g, n, I, out, ldo) ? -1 : 0;
 }
 
 static int batched_gemv(const gpu_mat *d_wset, int which, int wstride, int fmt, int rows, int cols, const int *idx,

@@ -510,12 +510,16 @@ extern "C" int gk_mhc_post_proj(float *X, const float *a, const float *eo, const
 /* the sublayer output of token t, column d: a, or after a MoE a plus the
  * routed outputs in ascending expert id (moe_combine_k's order); pair p's
  * output is row p of eo, or row erow[p] (the expert-sorted GEMM form) */
-__device__ __forceinline__ float moe_sum(float acc, const float *eo, const int *erow, const int *idx, const float *wt, int t,
+/* ET: float, or uint16_t for bf16 outputs (the MoE GEMM form's), widened */
+template <typename ET>
+__device__ __forceinline__ float moe_sum(float acc, const ET *eo, const int *erow, const int *idx, const float *wt, int t,
                                          int k, int D, int d) {
   const int *id = idx + (size_t)t * k;
   for (int last = -1, best; (best = moe_next(id, k, &last)) >= 0;) {
     const size_t p = (size_t)t * k + best;
-    acc += wt[p] * eo[(erow ? (size_t)erow[p] : p) * D + d];
+    float e;
+    vload<1>(&e, eo + (erow ? (size_t)erow[p] : p) * D + d);
+    acc += wt[p] * e;
   }
   return acc;
 }
@@ -552,8 +556,8 @@ __device__ __forceinline__ int moe_order(const int *idx, int t, int k, int *ord)
  * when D % 4 == 0; the per-token post, comb, wt and erow loads then serve
  * four elements: prefill's post with the combine was 2.2x off the memory
  * roofline with one): the same per-element arithmetic as V = 1. */
-template <bool MOE, int HCT, int V>
-__global__ void mhc_post_k(float *X, const float *a, const float *eo, const int *erow, const int *idx, const float *wt, int k,
+template <bool MOE, int HCT, int V, typename ET = float>
+__global__ void mhc_post_k(float *X, const float *a, const ET *eo, const int *erow, const int *idx, const float *wt, int k,
                            const float *post, const float *comb, int T, int hc_, int D) {
   GK_PDL_BEGIN();
   constexpr int HM = HCT ? HCT : MAX_HC;
@@ -597,23 +601,28 @@ __global__ void mhc_post_k(float *X, const float *a, const float *eo, const int 
     }
 }
 /* hc 4 or any; four elements per thread where D and the rows' alignment allow */
-#define MHC_POST_LAUNCH(MOE, V4, ...)                                                                               \
+#define MHC_POST_LAUNCH(MOE, ET, V4, ...)                                                                           \
   do {                                                                                                             \
     const bool v4 = (V4) && D % 4 == 0;                                                                            \
     const dim3 g = gk_blocks((size_t)T * D / (v4 ? 4 : 1), 256);                                                   \
-    if (hc == 4 && v4) gk_launch(mhc_post_k<MOE, 4, 4>, g, 256, 0, __VA_ARGS__);                                   \
-    else if (hc == 4) gk_launch(mhc_post_k<MOE, 4, 1>, g, 256, 0, __VA_ARGS__);                                    \
-    else if (v4) gk_launch(mhc_post_k<MOE, 0, 4>, g, 256, 0, __VA_ARGS__);                                         \
-    else gk_launch(mhc_post_k<MOE, 0, 1>, g, 256, 0, __VA_ARGS__);                                                 \
+    if (hc == 4 && v4) gk_launch(mhc_post_k<MOE, 4, 4, ET>, g, 256, 0, __VA_ARGS__);                               \
+    else if (hc == 4) gk_launch(mhc_post_k<MOE, 4, 1, ET>, g, 256, 0, __VA_ARGS__);                                \
+    else if (v4) gk_launch(mhc_post_k<MOE, 0, 4, ET>, g, 256, 0, __VA_ARGS__);                                     \
+    else gk_launch(mhc_post_k<MOE, 0, 1, ET>, g, 256, 0, __VA_ARGS__);                                             \
   } while (0)
 extern "C" int gk_mhc_post(float *X, const float *a, const float *post, const float *comb, int T, int hc, int D) {
-  MHC_POST_LAUNCH(false, al16(X) && al16(a), X, a, (const float *)NULL, (const int *)NULL, (const int *)NULL,
+  MHC_POST_LAUNCH(false, float, al16(X) && al16(a), X, a, (const float *)NULL, (const int *)NULL, (const int *)NULL,
                   (const float *)NULL, 0, post, comb, T, hc, D);
   return GK_LAUNCHED("mhc_post");
 }
-extern "C" int gk_mhc_post_moe(float *X, const float *a, const float *eo, const int *erow, const int *idx, const float *wt,
-                               int k, const float *post, const float *comb, int T, int hc, int D) {
-  MHC_POST_LAUNCH(true, al16(X) && al16(a) && al16(eo), X, a, eo, erow, idx, wt, k, post, comb, T, hc, D);
+extern "C" int gk_mhc_post_moe(float *X, const float *a, const void *eo, int eo_bf16, const int *erow, const int *idx,
+                               const float *wt, int k, const float *post, const float *comb, int T, int hc, int D) {
+  if (eo_bf16) /* four bf16 per 8-byte load */
+    MHC_POST_LAUNCH(true, uint16_t, al16(X) && al16(a) && (uintptr_t)eo % 8 == 0, X, a, (const uint16_t *)eo, erow, idx, wt,
+                    k, post, comb, T, hc, D);
+  else
+    MHC_POST_LAUNCH(true, float, al16(X) && al16(a) && al16(eo), X, a, (const float *)eo, erow, idx, wt, k, post, comb, T,
+                    hc, D);
   return GK_LAUNCHED("mhc_post_moe");
 }
 #undef MHC_POST_LAUNCH
@@ -644,12 +653,14 @@ extern "C" int gk_final_norm(const float *X, const float *w, int first, int T, i
 /* ---- KDA (kda.c kda_forward / kda_step) ---- */
 /* causal conv + SiLU of channel j at token t of the segment whose first
  * token is t0 (rows before it come from the conv state st) */
-__device__ __forceinline__ float kda_conv1(const float *raw, const float *st, const float *w, int t, int t0, int j, int ch,
+/* RT: the raw projection's storage, float or bf16 bits (gk_kda_conv_prep) */
+template <typename RT>
+__device__ __forceinline__ float kda_conv1(const RT *raw, const float *st, const float *w, int t, int t0, int j, int ch,
                                            int K) {
   float acc = 0;
   for (int tau = 0; tau < K; tau++) {
     int src = t - t0 - (K - 1) + tau; /* within the segment */
-    float x = src >= 0 ? raw[(size_t)(t0 + src) * ch + j] : st[(size_t)(K - 1 + src) * ch + j];
+    float x = src >= 0 ? ld_f(raw + (size_t)(t0 + src) * ch + j) : st[(size_t)(K - 1 + src) * ch + j];
     acc += w[(size_t)j * K + tau] * x;
   }
   return acc / (1.0f + expf(-acc));
@@ -657,10 +668,11 @@ __device__ __forceinline__ float kda_conv1(const float *raw, const float *st, co
 /* channel j's new state after a segment of len tokens from row t0 = the
  * last K-1 rows of [state | raw], in ascending order so that a shift within
  * the state reads before it writes */
-__device__ __forceinline__ void kda_conv_shift1(const float *raw, float *st, int t0, int len, int j, int ch, int K) {
+template <typename RT>
+__device__ __forceinline__ void kda_conv_shift1(const RT *raw, float *st, int t0, int len, int j, int ch, int K) {
   for (int s = 0; s < K - 1; s++) {
     int src = len - (K - 1) + s;
-    st[(size_t)s * ch + j] = src >= 0 ? raw[(size_t)(t0 + src) * ch + j] : st[(size_t)(K - 1 + src) * ch + j];
+    st[(size_t)s * ch + j] = src >= 0 ? ld_f(raw + (size_t)(t0 + src) * ch + j) : st[(size_t)(K - 1 + src) * ch + j];
   }
 }
 __global__ void kda_conv_k(const float *raw, gk_batch b, const float *w, int T, int ch, int K, float *qkv) {
@@ -671,7 +683,7 @@ __global__ void kda_conv_k(const float *raw, gk_batch b, const float *w, int T, 
   qkv[i] = kda_conv1(raw, bst(b, sg, GK_ST_CONV), w, t, b.seg[sg].t0, j, ch, K);
 }
 /* the new conv states: one thread per (channel, segment) */
-__global__ void kda_conv_state_k(const float *raw, gk_batch b, int ch, int K) {
+template <typename RT> __global__ void kda_conv_state_k(const RT *raw, gk_batch b, int ch, int K) {
   GK_PDL_BEGIN();
   int j = blockIdx.x * blockDim.x + threadIdx.x;
   if (j >= ch) return;
@@ -681,7 +693,7 @@ __global__ void kda_conv_state_k(const float *raw, gk_batch b, int ch, int K) {
 extern "C" int gk_kda_conv(const float *raw, const gk_batch *b, const float *w, int T, int ch, int K, float *qkv) {
   if (batch_ok(b, "kda_conv")) return -1;
   gk_launch(kda_conv_k, gk_blocks((size_t)T * ch, 256), 256, 0, raw, *b, w, T, ch, K, qkv);
-  gk_launch(kda_conv_state_k, dim3(gk_blocks(ch, 256), b->nseg), 256, 0, raw, *b, ch, K);
+  gk_launch(kda_conv_state_k<float>, dim3(gk_blocks(ch, 256), b->nseg), 256, 0, raw, *b, ch, K);
   return GK_LAUNCHED("kda_conv");
 }
 
@@ -719,8 +731,8 @@ extern "C" int gk_kda_prep(float *qkv, int T, int H, int hd, float qscale) {
  * conv state of its channels (each lane owns its channels; their old rows
  * are read before they are overwritten), so decode needs no second
  * launch. */
-template <bool SEQ, int MM, int KT, int NT>
-__global__ void kda_conv_prep_k(const float *raw, gk_batch b, const float *w, int T, int H, int hd, int K, float qscale,
+template <bool SEQ, int MM, int KT, int NT, typename RT>
+__global__ void kda_conv_prep_k(const RT *raw, gk_batch b, const float *w, int T, int H, int hd, int K, float qscale,
                                 float *qkv) {
   GK_PDL_BEGIN();
   constexpr int KA = KT > 0 ? KT : 1;
@@ -756,7 +768,7 @@ __global__ void kda_conv_prep_k(const float *raw, gk_batch b, const float *w, in
           const int i = lane + 32 * m;
 #pragma unroll
           for (int tau = 0; tau + 1 < KA; tau++) x[m][tau] = x[m][tau + 1];
-          x[m][KA - 1] = i >= hd ? 0.f : raw[(size_t)t * ch + c0 + i];
+          x[m][KA - 1] = i >= hd ? 0.f : ld_f(raw + (size_t)t * ch + c0 + i);
         }
       } else {
 #pragma unroll
@@ -765,7 +777,7 @@ __global__ void kda_conv_prep_k(const float *raw, gk_batch b, const float *w, in
 #pragma unroll
           for (int tau = 0; tau < KA; tau++) {
             const int src = t - t0 - (KT - 1) + tau;
-            x[m][tau] = i >= hd ? 0.f : src >= 0 ? raw[(size_t)(t0 + src) * ch + j] : st[(size_t)(KT - 1 + src) * ch + j];
+            x[m][tau] = i >= hd ? 0.f : src >= 0 ? ld_f(raw + (size_t)(t0 + src) * ch + j) : st[(size_t)(KT - 1 + src) * ch + j];
           }
         }
       }
@@ -826,8 +838,8 @@ static int kc_nt(void) {
   }
   return g_kc_nt;
 }
-extern "C" int gk_kda_conv_prep(const float *raw, const gk_batch *b, const float *w, int T, int H, int hd, int K,
-                                float qscale, float *qkv) {
+template <typename RT>
+static int conv_prep(const RT *raw, const gk_batch *b, const float *w, int T, int H, int hd, int K, float qscale, float *qkv) {
   if (hd > 32 * KDA_MAXM) return gk_fail("kda: head dim %d above %d", hd, 32 * KDA_MAXM);
   if (batch_ok(b, "kda_conv_prep")) return -1;
   const int slots = 3 * H;
@@ -836,7 +848,7 @@ extern "C" int gk_kda_conv_prep(const float *raw, const gk_batch *b, const float
   const dim3 grid = seq ? dim3(gk_blocks((size_t)slots * 32, 256), b->nseg)
                         : dim3(gk_blocks((size_t)((T + nt - 1) / nt) * slots * 32, 256));
   /* the head dim's registers per lane; the config's 4 taps unrolled */
-#define KCP(S, M, KK, N) gk_launch(kda_conv_prep_k<S, M, KK, N>, grid, 256, 0, raw, *b, w, T, H, hd, K, qscale, qkv)
+#define KCP(S, M, KK, N) gk_launch(kda_conv_prep_k<S, M, KK, N, RT>, grid, 256, 0, raw, *b, w, T, H, hd, K, qscale, qkv)
 #define KCP_M(S, KK, N)                                                                                          \
   do {                                                                                                           \
     if (hd <= 32) KCP(S, 1, KK, N);                                                                              \
@@ -852,11 +864,22 @@ extern "C" int gk_kda_conv_prep(const float *raw, const gk_batch *b, const float
     else if (nt == 4) KCP_M(false, 4, 4);
     else if (K == 4) KCP_M(false, 4, 1);
     else KCP_M(false, 0, 1);
-    gk_launch(kda_conv_state_k, dim3(gk_blocks(3 * H * hd, 256), b->nseg), 256, 0, raw, *b, 3 * H * hd, K);
+    gk_launch(kda_conv_state_k<RT>, dim3(gk_blocks(3 * H * hd, 256), b->nseg), 256, 0, raw, *b, 3 * H * hd, K);
   }
 #undef KCP_M
 #undef KCP
   return GK_LAUNCHED("kda_conv_prep");
+}
+static int g_raw16 = -1;
+extern "C" void gk_set_kda_raw16(int on) { g_raw16 = on < 0 ? -1 : !!on; }
+extern "C" int gk_kda_raw16(void) {
+  if (g_raw16 < 0) g_raw16 = !(getenv("GLM53_GPU_KDA_RAW") && !strcmp(getenv("GLM53_GPU_KDA_RAW"), "f32"));
+  return g_raw16;
+}
+extern "C" int gk_kda_conv_prep(const void *raw, int raw16, const gk_batch *b, const float *w, int T, int H, int hd, int K,
+                                float qscale, float *qkv) {
+  return raw16 ? conv_prep((const uint16_t *)raw, b, w, T, H, hd, K, qscale, qkv)
+               : conv_prep((const float *)raw, b, w, T, H, hd, K, qscale, qkv);
 }
 
 __global__ void kda_gate_k(float *g, const float *dt_bias, const float *A_log, int T, int H, int hd, float lb) {
@@ -1229,7 +1252,10 @@ extern "C" int gk_kda_recur_gated(const gk_batch *b, const float *qkv, float *gr
 }
 
 /* gated RMSNorm per head: w * o / rms(o) * sigmoid(z) */
-__global__ void kda_out_k(float *o, const float *z, const float *w, int T, int H, int hd, float eps) {
+/* ob NULL: o in place; else bf16 into ob (the rounding the output
+ * projection's cuBLAS path gives its x: the same product, half the bytes
+ * and no conversion pass) */
+__global__ void kda_out_k(float *o, const float *z, const float *w, int T, int H, int hd, float eps, uint16_t *ob) {
   GK_PDL_BEGIN();
   int wid = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
   if (wid >= T * H) return;
@@ -1238,10 +1264,14 @@ __global__ void kda_out_k(float *o, const float *z, const float *w, int T, int H
   for (int i = lane; i < hd; i += 32) ss += o[base + i] * o[base + i];
   ss = warp_sum(ss);
   float r = 1.0f / sqrtf(ss / hd + eps);
-  for (int i = lane; i < hd; i += 32) o[base + i] = (w[i] * (o[base + i] * r)) * sigm(z[base + i]);
+  for (int i = lane; i < hd; i += 32) {
+    const float v = (w[i] * (o[base + i] * r)) * sigm(z[base + i]);
+    if (ob) ob[base + i] = (uint16_t)bf16_bits(v);
+    else o[base + i] = v;
+  }
 }
-extern "C" int gk_kda_out(float *o, const float *z, const float *w, int T, int H, int hd, float eps) {
-  gk_launch(kda_out_k, gk_blocks((size_t)T * H * 32, 256), 256, 0, o, z, w, T, H, hd, eps);
+extern "C" int gk_kda_out(float *o, const float *z, const float *w, int T, int H, int hd, float eps, void *ob) {
+  gk_launch(kda_out_k, gk_blocks((size_t)T * H * 32, 256), 256, 0, o, z, w, T, H, hd, eps, (uint16_t *)ob);
   return GK_LAUNCHED("kda_out");
 }
 
@@ -1560,7 +1590,7 @@ __global__ void moe_combine_k(float *out, const float *eo, const int *idx, const
   GK_PDL_BEGIN();
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
   if (i >= (size_t)T * D) return;
-  out[i] = moe_sum(out[i], eo, NULL, idx, wt, (int)(i / D), k, D, (int)(i % D));
+  out[i] = moe_sum<float>(out[i], eo, NULL, idx, wt, (int)(i / D), k, D, (int)(i % D));
 }
 extern "C" int gk_moe_combine(float *out, const float *eo, const int *idx, const float *wt, int T, int k, int D) {
   gk_launch(moe_combine_k, gk_blocks((size_t)T * D, 256), 256, 0, out, eo, idx, wt, T, k, D);

@@ -40,7 +40,7 @@
 
 template <int NOPE, int VD, int BN>
 static int mf_run(const uint16_t *Q16, const uint16_t *KV3, const int *dense, const int *tail, const uint32_t *map, int nw,
-                  const int *dpos, int T, int H, int pshift, int lrows, float sl2, float *out) {
+                  const int *dpos, int T, int H, int pshift, int lrows, float sl2, void *out, int out16) {
   using C = mf_cfg<NOPE, VD, BN>;
   static int attr;
   if (!attr) { /* more than the 48 KB default of dynamic shared memory */
@@ -49,13 +49,13 @@ static int mf_run(const uint16_t *Q16, const uint16_t *KV3, const int *dense, co
     attr = 1;
   }
   gk_launch(mla_flash_k<NOPE, VD, BN>, dim3((T + MF_BM - 1) / MF_BM, H), MF_THREADS, C::smem, Q16, KV3, dense, tail, map, nw, dpos,
-            T, H, pshift, lrows, sl2, out);
+            T, H, pshift, lrows, sl2, out, out16);
   return GK_LAUNCHED("mla flash") ? -1 : 0;
 }
 
 template <int NOPE, int VD, int DG = 0, int BN = 64>
 static int mw_run(const uint16_t *Q16, const uint16_t *KV3, const int *dense, const int *tail, const uint32_t *map, int nw,
-                  const int *dpos, int T, int H, int pshift, int lrows, float sl2, float *out) {
+                  const int *dpos, int T, int H, int pshift, int lrows, float sl2, void *out, int out16) {
   using C = mw_cfg<NOPE, VD, BN>;
   static int attr;
   if (!attr) {
@@ -65,7 +65,7 @@ static int mw_run(const uint16_t *Q16, const uint16_t *KV3, const int *dense, co
   }
   const int hg = H % gk_mla_flash_wg_hg() ? 1 : gk_mla_flash_wg_hg();
   gk_launch(mla_flash_wg_k<NOPE, VD, DG, BN>, dim3((T + MW_BM - 1) / MW_BM * H), MW_THREADS, C::smem, Q16, KV3, dense, tail,
-            map, nw, dpos, T, H, pshift, lrows, sl2, hg, out);
+            map, nw, dpos, T, H, pshift, lrows, sl2, hg, out, out16);
   return GK_LAUNCHED("mla flash (wgmma)") ? -1 : 0;
 }
 
@@ -218,9 +218,14 @@ extern "C" int gk_mla_flash_on(void) {
 int gk_mla_flash(const uint16_t *Q16, const uint16_t *KV3, const int *dense, const int *npools, const int *tail,
                  const int *pools, int K, const int *dpos, int T, int H, int nope, int vd, int P, int lrows, float scale,
                  uint32_t *map, float *out) {
+  return gk_mla_flash_out(Q16, KV3, dense, npools, tail, pools, K, dpos, T, H, nope, vd, P, lrows, scale, map, out, 0);
+}
+int gk_mla_flash_out(const uint16_t *Q16, const uint16_t *KV3, const int *dense, const int *npools, const int *tail,
+                     const int *pools, int K, const int *dpos, int T, int H, int nope, int vd, int P, int lrows, float scale,
+                     uint32_t *map, void *out, int out16) {
 #if GK_HIP
   (void)Q16; (void)KV3; (void)dense; (void)npools; (void)tail; (void)pools; (void)K; (void)dpos; (void)T; (void)H;
-  (void)nope; (void)vd; (void)P; (void)lrows; (void)scale; (void)map; (void)out;
+  (void)nope; (void)vd; (void)P; (void)lrows; (void)scale; (void)map; (void)out; (void)out16;
   return 1;
 #else
   if (!gk_mla_flash_fits(nope, vd, P)) return 1;
@@ -230,9 +235,9 @@ int gk_mla_flash(const uint16_t *Q16, const uint16_t *KV3, const int *dense, con
   gk_launch(mf_selmap_k, dim3(T), 256, (size_t)nw * 4, dense, npools, pools, K, nw, map);
   if (GK_LAUNCHED("mla flash selection map")) return -1;
   const float sl2 = scale * 1.4426950408889634f;
-#define MF_RUN(N, V, B) mf_run<N, V, B>(Q16, KV3, dense, tail, map, nw, dpos, T, H, pshift, lrows, sl2, out)
-#define MW_RUN(N, V, D) mw_run<N, V, D>(Q16, KV3, dense, tail, map, nw, dpos, T, H, pshift, lrows, sl2, out)
-#define MW_RUN2(N, V, D) mw_run<N, V, D, 32>(Q16, KV3, dense, tail, map, nw, dpos, T, H, pshift, lrows, sl2, out)
+#define MF_RUN(N, V, B) mf_run<N, V, B>(Q16, KV3, dense, tail, map, nw, dpos, T, H, pshift, lrows, sl2, out, out16)
+#define MW_RUN(N, V, D) mw_run<N, V, D>(Q16, KV3, dense, tail, map, nw, dpos, T, H, pshift, lrows, sl2, out, out16)
+#define MW_RUN2(N, V, D) mw_run<N, V, D, 32>(Q16, KV3, dense, tail, map, nw, dpos, T, H, pshift, lrows, sl2, out, out16)
   const int two = gk_mla_flash_wg_bn() == 32; /* 32 keys per tile in two stages */
   if (gk_mla_flash_wg() && nope == 256 && g_wg_diag && two) switch (g_wg_diag) { /* timing diagnostics (bench) */
     case 1: return MW_RUN2(256, 256, 1);

@@ -129,7 +129,7 @@ __global__ void mf_selmap_k(const int *dense, const int *npools, const int *pool
 template <int NOPE, int VD, int BN>
 __global__ void __launch_bounds__(MF_THREADS, BN == 32 ? 2 : 1)
     mla_flash_k(const uint16_t *Q16, const uint16_t *KV3, const int *dense, const int *tail, const uint32_t *map, int nw,
-                const int *dpos, int T, int H, int pshift, int lrows, float sl2, float *out) {
+                const int *dpos, int T, int H, int pshift, int lrows, float sl2, void *out, int out16) {
   GK_PDL_BEGIN();
   using C = mf_cfg<NOPE, VD, BN>;
   constexpr int HB = BN / 2, HV = VD / 2; /* a warp's keys of the scores, columns of the output */
@@ -288,9 +288,15 @@ __global__ void __launch_bounds__(MF_THREADS, BN == 32 ? 2 : 1)
     const int r = r0 + 8 * e, t = tA + r;
     const float z = red[r] + red[MF_BM + r], inv = z > 0 ? 1.0f / z : 0.f;
     if (t >= T) continue;
-    float *dst = out + ((size_t)t * H + h) * VD + hf * HV + 2 * t4;
+    const size_t at = ((size_t)t * H + h) * VD + hf * HV + 2 * t4;
+    if (out16) /* bf16 rows (the output product's x: gk_matmul_xb16) */
 #pragma unroll
-    for (int i = 0; i < HV / 8; i++) *(float2 *)(dst + i * 8) = make_float2(o[i][2 * e] * inv, o[i][2 * e + 1] * inv);
+      for (int i = 0; i < HV / 8; i++)
+        *(uint32_t *)((uint16_t *)out + at + i * 8) = bf16_bits(o[i][2 * e] * inv) | bf16_bits(o[i][2 * e + 1] * inv) << 16;
+    else
+#pragma unroll
+      for (int i = 0; i < HV / 8; i++)
+        *(float2 *)((float *)out + at + i * 8) = make_float2(o[i][2 * e] * inv, o[i][2 * e + 1] * inv);
   }
 }
 

@@ -90,7 +90,7 @@ enum { MW_DG_COPY = 1, MW_DG_SCORE = 2, MW_DG_OUT = 4, MW_DG_SOFTMAX = 8, MW_DG_
 template <int NOPE, int VD, int DG = 0, int BN = 64>
 __global__ void __launch_bounds__(MW_THREADS, 1)
     mla_flash_wg_k(const uint16_t *Q16, const uint16_t *KV3, const int *dense, const int *tail, const uint32_t *map, int nw,
-                   const int *dpos, int T, int H, int pshift, int lrows, float sl2, int hg, float *out) {
+                   const int *dpos, int T, int H, int pshift, int lrows, float sl2, int hg, void *out, int out16) {
   GK_PDL_BEGIN();
 #if MW_WGMMA
   using C = mw_cfg<NOPE, VD, BN>;
@@ -307,13 +307,20 @@ __global__ void __launch_bounds__(MW_THREADS, 1)
     const int t = wt0 + 16 * w + g + 8 * e;
     const float inv = z > 0 ? 1.0f / z : 0.f;
     if (t >= T) continue;
-    float *dst = out + ((size_t)t * H + h) * VD + 2 * t4;
+    const size_t at = ((size_t)t * H + h) * VD + 2 * t4;
+    if (out16) /* bf16 rows (the output product's x: gk_matmul_xb16) */
 #pragma unroll
-    for (int i = 0; i < VD / 8; i++) *(float2 *)(dst + 8 * i) = make_float2(o[4 * i + 2 * e] * inv, o[4 * i + 2 * e + 1] * inv);
+      for (int i = 0; i < VD / 8; i++)
+        *(uint32_t *)((uint16_t *)out + at + 8 * i) =
+            bf16_bits(o[4 * i + 2 * e] * inv) | bf16_bits(o[4 * i + 2 * e + 1] * inv) << 16;
+    else
+#pragma unroll
+      for (int i = 0; i < VD / 8; i++)
+        *(float2 *)((float *)out + at + 8 * i) = make_float2(o[4 * i + 2 * e] * inv, o[4 * i + 2 * e + 1] * inv);
   }
 #else
   (void)Q16; (void)KV3; (void)dense; (void)tail; (void)map; (void)nw; (void)dpos; (void)T; (void)H; (void)pshift;
-  (void)lrows; (void)sl2; (void)out;
+  (void)lrows; (void)sl2; (void)out; (void)out16;
   __trap(); /* not built for sm_90a: the host never launches it (gk_mla_flash_wg_available) */
 #endif
 }

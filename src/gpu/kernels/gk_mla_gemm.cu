@@ -580,9 +580,19 @@ extern "C" int gk_mla_mha_on(void) {
 extern "C" int gk_mla_mha_gemm(const float *q, const float *latent, const gpu_mat *kvb, const int *dense, const int *npools,
                                const int *tail, const int *pools, int T, const int *dpos, int pos0, int H, int nope,
                                int vd, int kl, int P, int K, float scale, float *out) {
+  int o16 = 0;
+  return gk_mla_mha_gemm_out(q, latent, kvb, dense, npools, tail, pools, T, dpos, pos0, H, nope, vd, kl, P, K, scale, out,
+                             &o16);
+}
+extern "C" int gk_mla_mha_gemm_out(const float *q, const float *latent, const gpu_mat *kvb, const int *dense,
+                                   const int *npools, const int *tail, const int *pools, int T, const int *dpos, int pos0,
+                                   int H, int nope, int vd, int kl, int P, int K, float scale, void *out_, int *out16) {
+  const int want16 = *out16;
+  *out16 = 0;
+  float *out = (float *)out_; /* the forms other than the fused kernel's write fp32 */
 #if !GK_HAVE_BLAS
   (void)q; (void)latent; (void)kvb; (void)dense; (void)npools; (void)tail; (void)pools; (void)T; (void)dpos; (void)pos0;
-  (void)H; (void)nope; (void)vd; (void)kl; (void)P; (void)K; (void)scale; (void)out;
+  (void)H; (void)nope; (void)vd; (void)kl; (void)P; (void)K; (void)scale; (void)out; (void)want16;
   return 1;
 #else
   if (T <= 0) return 0;
@@ -643,8 +653,10 @@ extern "C" int gk_mla_mha_gemm(const float *q, const float *latent, const gpu_ma
     gk_launch(split_rows_k, (unsigned)(((size_t)T * H * nope / 2 + 255) / 256), 256, 0, q, (size_t)nope, T * H, T * H, nope,
               1, 0u, Q16);
     if (GK_LAUNCHED("mla mha split queries")) return -1;
-    return gk_mla_flash(Q16, KV3, dense, npools, tail, pools, K, dpos, T, H, nope, vd, P, lrows, scale,
-                        (uint32_t *)(fb + qb), out);
+    const int rc = gk_mla_flash_out(Q16, KV3, dense, npools, tail, pools, K, dpos, T, H, nope, vd, P, lrows, scale,
+                                    (uint32_t *)(fb + qb), out, want16);
+    if (rc == 0) *out16 = want16;
+    return rc;
   }
   const size_t budget = (size_t)768 << 20; /* scratch bytes per sub-chunk */
   for (int t0 = 0; t0 < T;) {

@@ -10,9 +10,11 @@
  *
  * gk_moe_experts_gemm then gathers the pairs' token rows once, converted to
  * bf16 in sorted order (one launch for every expert), runs gate and up
- * into fp32, one SwiGLU launch writing bf16, and down into eo in sorted
- * order: the MoE combine reads eo through erow (gk_mhc_post_moe), so no
- * scatter. bf16 experts go in buckets of similar pair counts, each padded
+ * (bf16 out; fp32 with GLM53_GPU_MOE_OUT=f32), one SwiGLU launch writing
+ * bf16, and down into eo in sorted order (bf16 out, or fp32): the MoE
+ * combine reads eo through erow (gk_mhc_post_moe), so no scatter. At a
+ * 4096-token prefill of 8 experts per token the fp32 forms of g, u and eo
+ * are 268, 268 and 537 MB per layer, written once and read once. bf16 experts go in buckets of similar pair counts, each padded
  * to its largest and run as one batched GEMM (cublasGemmBatchedEx): a
  * single expert's GEMM at ~1000 rows fills half of an H200 (measured:
  * ~200-235 TFLOP/s per-expert). Quantized experts are dequantised to bf16
@@ -139,6 +141,22 @@ __global__ void moe_gather16_k(const uint4 *xb, const int *perm, const int *idx,
   for (int d = threadIdx.x; d < n8; d += blockDim.x) dst[d] = src[d];
 }
 
+/* the same from bf16 g and u (raw bits), 4 per thread (16-byte aligned) */
+__global__ void moe_swiglu_b2b_v4_k(const uint2 *g, const uint2 *u, size_t n4, float limit, uint2 *h) {
+  GK_PDL_BEGIN();
+  const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i >= n4) return;
+  float a[4], b[4];
+  vload<4>(a, (const uint16_t *)(g + i));
+  vload<4>(b, (const uint16_t *)(u + i));
+  h[i] = make_uint2(bf16_bits(swiglu1(a[0], b[0], limit)) | bf16_bits(swiglu1(a[1], b[1], limit)) << 16,
+                    bf16_bits(swiglu1(a[2], b[2], limit)) | bf16_bits(swiglu1(a[3], b[3], limit)) << 16);
+}
+__global__ void moe_swiglu_b2b_k(const uint16_t *g, const uint16_t *u, size_t n, float limit, __nv_bfloat16 *h) {
+  GK_PDL_BEGIN();
+  const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i < n) h[i] = __float2bfloat16(swiglu1(bf16f(g[i]), bf16f(u[i]), limit));
+}
 /* h = bf16(swiglu(g, u)) elementwise */
 __global__ void moe_swiglu_bf16_k(const float *g, const float *u, size_t n, float limit, __nv_bfloat16 *h) {
   GK_PDL_BEGIN();
@@ -157,12 +175,13 @@ __global__ void moe_swiglu_bf16_v4_k(const float4 *g, const float4 *u, size_t n4
 
 static cublasHandle_t g_h; /* gk_blas_handle(), fetched per call of gk_moe_experts_gemm */
 static gk_scratch g_xs, g_hb, g_wq, g_tab, g_x16;
+static cudaDataType_t g_ct; /* the outputs' type this call: CUDA_R_16BF (gk_moe_bf16_out) or CUDA_R_32F */
 
-/* C[n][rows] (fp32, ldc = rows) = B[n][cols] (bf16) . W^T, W bf16 [rows][cols] */
-static int gemm_bf16(const void *W, int rows, int cols, const void *B, int n, float *C) {
+/* C[n][rows] (g_ct, ldc = rows) = B[n][cols] (bf16) . W^T, W bf16 [rows][cols] */
+static int gemm_bf16(const void *W, int rows, int cols, const void *B, int n, void *C) {
   const float one = 1.f, zero = 0.f;
   if (cublasGemmEx(g_h, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, W, CUDA_R_16BF, cols, B, CUDA_R_16BF, cols, &zero, C,
-                   CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
+                   g_ct, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
     return gk_fail("moe gemm: cublasGemmEx failed (%d x %d x %d)", rows, n, cols);
   return 0;
 }
@@ -170,7 +189,7 @@ static int gemm_bf16(const void *W, int rows, int cols, const void *B, int n, fl
 static int gemm_bf16_batched(const void *const *A, int rows, int cols, const void *const *B, int n, void *const *C, int nb) {
   const float one = 1.f, zero = 0.f;
   if (cublasGemmBatchedEx(g_h, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, A, CUDA_R_16BF, cols, B, CUDA_R_16BF, cols, &zero,
-                          C, CUDA_R_32F, rows, nb, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
+                          C, g_ct, rows, nb, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
     return gk_fail("moe gemm: cublasGemmBatchedEx failed (%d of %d x %d x %d)", nb, rows, n, cols);
   return 0;
 }
@@ -218,6 +237,13 @@ static int buckets(const int *hoff, int E, int *ord, int *bstart, int *poff) {
 static int g_x16_on = -1; /* GLM53_GPU_MOE_X16=0: gather from the fp32 rows */
 extern "C" void gk_set_moe_x16(int on) { g_x16_on = on < 0 ? -1 : !!on; }
 
+static int g_bf16_out = -1;
+extern "C" void gk_set_moe_bf16_out(int on) { g_bf16_out = on < 0 ? -1 : !!on; }
+extern "C" int gk_moe_bf16_out(void) {
+  if (g_bf16_out < 0) g_bf16_out = !(getenv("GLM53_GPU_MOE_OUT") && !strcmp(getenv("GLM53_GPU_MOE_OUT"), "f32"));
+  return g_bf16_out;
+}
+
 extern "C" size_t gk_moe_gemm_rows(int npairs) { return (size_t)npairs + (size_t)npairs / 7 + 1; }
 
 extern "C" int gk_moe_experts_gemm(const gpu_mat *h_exp, int E, const int *hoff, const int *off, const int *perm,
@@ -232,6 +258,10 @@ extern "C" int gk_moe_experts_gemm(const gpu_mat *h_exp, int E, const int *hoff,
   if (n <= 0) return 0;
   if (E > 512) return gk_fail("moe gemm: %d experts above 512", E);
   if (!(g_h = gk_blas_handle())) return gk_fail("moe gemm: cuBLAS not initialised (gk_init)");
+  const bool o16 = gk_moe_bf16_out();
+  g_ct = o16 ? CUDA_R_16BF : CUDA_R_32F;
+  const size_t es = o16 ? 2 : 4; /* bytes per output element */
+  char *const gb = (char *)g, *const ub = (char *)u, *const eob = (char *)eo;
   const int quant = h_exp[0].fmt != GF_BF16;
   int ord[512], bst[513], poff[513];
   int nb = 0;
@@ -256,11 +286,11 @@ extern "C" int gk_moe_experts_gemm(const gpu_mat *h_exp, int E, const int *hoff,
     hp[2 * i] = W[0].d;                          /* gate+up A */
     hp[2 * i + 1] = W[1].d;
     hp[2 * nu + 2 * i] = hp[2 * nu + 2 * i + 1] = xs + (size_t)poff[e] * D; /* gate+up B */
-    hp[4 * nu + 2 * i] = g + (size_t)poff[e] * I; /* gate+up C */
-    hp[4 * nu + 2 * i + 1] = u + (size_t)poff[e] * I;
+    hp[4 * nu + 2 * i] = gb + (size_t)poff[e] * I * es; /* gate+up C */
+    hp[4 * nu + 2 * i + 1] = ub + (size_t)poff[e] * I * es;
     hp[6 * nu + i] = W[2].d;                     /* down A, B, C */
     hp[7 * nu + i] = hb + (size_t)poff[e] * I;
-    hp[8 * nu + i] = eo + (size_t)poff[e] * D;
+    hp[8 * nu + i] = eob + (size_t)poff[e] * D * es;
   }
   GK_TRY(cudaMemcpyAsync(tab, host, ptr0 + (size_t)9 * nu * sizeof(void *), cudaMemcpyHostToDevice, cudaStreamPerThread));
   if (g_x16_on < 0) g_x16_on = !(getenv("GLM53_GPU_MOE_X16") && !strcmp(getenv("GLM53_GPU_MOE_X16"), "0"));
@@ -288,8 +318,8 @@ extern "C" int gk_moe_experts_gemm(const gpu_mat *h_exp, int E, const int *hoff,
       if (!c) continue;
       const gpu_mat *W = h_exp + (size_t)e * 3;
       const void *xe = xs + (size_t)poff[e] * D;
-      if (gemm_bf16(as_bf16(&W[0], 0, slot), I, D, xe, c, g + (size_t)poff[e] * I) ||
-          gemm_bf16(as_bf16(&W[1], 1, slot), I, D, xe, c, u + (size_t)poff[e] * I))
+      if (gemm_bf16(as_bf16(&W[0], 0, slot), I, D, xe, c, gb + (size_t)poff[e] * I * es) ||
+          gemm_bf16(as_bf16(&W[1], 1, slot), I, D, xe, c, ub + (size_t)poff[e] * I * es))
         return -1;
     }
   }
@@ -297,7 +327,12 @@ extern "C" int gk_moe_experts_gemm(const gpu_mat *h_exp, int E, const int *hoff,
   /* padding rows (bucket members below the bucket's count) hold stale
    * inputs: GEMM rows are independent, and erow never points at them */
   const size_t ne = (size_t)rows * I;
-  if (ne % 4 == 0 && (uintptr_t)g % 16 == 0 && (uintptr_t)u % 16 == 0 && (uintptr_t)hb % 8 == 0)
+  if (o16 && ne % 4 == 0 && (uintptr_t)g % 8 == 0 && (uintptr_t)u % 8 == 0 && (uintptr_t)hb % 8 == 0)
+    gk_launch(moe_swiglu_b2b_v4_k, gk_blocks(ne / 4, 256), 256, 0, (const uint2 *)g, (const uint2 *)u, ne / 4, limit,
+              (uint2 *)hb);
+  else if (o16)
+    gk_launch(moe_swiglu_b2b_k, gk_blocks(ne, 256), 256, 0, (const uint16_t *)g, (const uint16_t *)u, ne, limit, hb);
+  else if (ne % 4 == 0 && (uintptr_t)g % 16 == 0 && (uintptr_t)u % 16 == 0 && (uintptr_t)hb % 8 == 0)
     gk_launch(moe_swiglu_bf16_v4_k, gk_blocks(ne / 4, 256), 256, 0, (const float4 *)g, (const float4 *)u, ne / 4, limit,
               (uint2 *)hb);
   else
@@ -312,7 +347,7 @@ extern "C" int gk_moe_experts_gemm(const gpu_mat *h_exp, int E, const int *hoff,
     for (int e = 0; e < E; e++) {
       const int c = hoff[e + 1] - hoff[e];
       if (c && gemm_bf16(as_bf16(&h_exp[(size_t)e * 3 + 2], 2, slot), D, I, hb + (size_t)poff[e] * I, c,
-                         eo + (size_t)poff[e] * D))
+                         eob + (size_t)poff[e] * D * es))
         return -1;
     }
   }
