@@ -302,9 +302,10 @@ int main(int argc, char **argv) {
    * two stages, the mHC projection's 32-column steps, the KDA recurrence
    * with 16 and 32 lanes per column (g4's bits), the first three together,
    * the side stream on, the MoE GEMM form's outputs in fp32, no merged
-   * GEMMs (KDA q / k / v as three), the KDA projections in fp32, and the
-   * defaults again (drift over the run); median of 3 each */
-  static const char *const vname[17][2] = {{"MLA per-head form in batched GEMMs", "GLM53_GPU_MLA_FLASH=0"},
+   * GEMMs (KDA q / k / v as three), the KDA projections in fp32, no bf16
+   * copy of y from the mHC pre, and the defaults again (drift over the
+   * run); median of 3 each */
+  static const char *const vname[18][2] = {{"MLA per-head form in batched GEMMs", "GLM53_GPU_MLA_FLASH=0"},
                                           {"MLA absorbed GEMM form", "GLM53_GPU_MLA_MHA=0"},
                                           {"mHC projection SIMT kernel", "GLM53_GPU_MHC_TC=0"},
                                           {"MLA fused mma.sync kernel, 64 keys per tile", "GLM53_GPU_MLA_FLASH_WG=0 GLM53_GPU_MLA_FLASH_BN=64"},
@@ -320,8 +321,9 @@ int main(int argc, char **argv) {
                                           {"the MoE GEMM form's outputs in fp32", "GLM53_GPU_MOE_OUT=f32"},
                                           {"no merged GEMMs (KDA q, k, v apart)", "GLM53_GPU_GEMM_MERGE=0"},
                                           {"the KDA q, k, v projections in fp32", "GLM53_GPU_KDA_RAW=f32"},
+                                          {"no bf16 copy of y from the mHC pre", "GLM53_GPU_XB_ALIAS=0"},
                                           {"the defaults again", "-"}};
-  for (int v = 0; v < 17; v++) {
+  for (int v = 0; v < 18; v++) {
     if (quick && v < 13) continue; /* the newest A/B only */
     if (v == 7 && !gk_mla_flash_wg()) continue;
     if (v == 6 && !gk_mla_flash_wg()) continue; /* no wgmma kernel here: the mma.sync one is the default */
@@ -340,6 +342,7 @@ int main(int argc, char **argv) {
     if (v == 13) gk_set_moe_bf16_out(0);
     if (v == 14) gk_set_gemm_merge(0);
     if (v == 15) gk_set_kda_raw16(0);
+    if (v == 16) gk_set_xb_alias(0);
     for (int i = 0; i < 3; i++) {
       glm53_session_reset(s);
       pr[i] = run(s, tok, NP, logits);
@@ -361,6 +364,7 @@ int main(int argc, char **argv) {
     gk_set_moe_bf16_out(-1);
     gk_set_gemm_merge(-1);
     gk_set_kda_raw16(-1);
+    gk_set_xb_alias(-1);
   }
   if (quick) {
     free(base);

@@ -668,6 +668,7 @@ typedef struct {
   int *eoff;                     /* gk_moe_sort's first slot per expert [E + 1] */
   const int *erow;               /* the MoE layer's eo row per pair (gk_mhc_post_moe), NULL: the pair */
   int eo16;                      /* eo holds bf16 rows (the sorted GEMM form's, gk_moe_bf16_out) */
+  void *y16;                     /* y in bf16 for the cuBLAS products of long chunks (site, gk_xb_alias) */
   float *dg, *du, *h;
   int32_t *tok; /* the upload region (io_layout): tokens, token -> segment, segments */
   int *tseg;
@@ -700,7 +701,7 @@ static size_t layout(const glm53_config *c, int T, int maxpool, size_t part, cha
   const size_t F = sizeof(float);
 #define C_(f, n) carve(base, &off, (n), (void **)&A->f)
   C_(X, Tz * hc * D * F); C_(mixraw, Tz * mix * F); C_(ssq, Tz * F); C_(post, Tz * hc * F); C_(comb, Tz * hc * hc * F);
-  C_(y, Tz * D * F); C_(a, Tz * D * F);
+  C_(y, Tz * D * F); C_(a, Tz * D * F); C_(y16, Tz * D * 2);
   C_(raw, Tz * 3 * inner * F); C_(qkv, Tz * 3 * inner * F); C_(fa, Tz * 2 * lhd * F); /* fa | ga outputs */ C_(g, Tz * inner * F);
   C_(beta, Tz * c->linear_num_heads * F); C_(z, Tz * inner * F); C_(o, Tz * inner * F);
   C_(r, Tz * c->q_lora_rank * F); C_(q, Tz * H * c->qk_nope_head_dim * F); C_(ckv, Tz * c->kv_lora_rank * F);
@@ -1097,8 +1098,14 @@ static int site(const glm53_config *c, const ghc *hw, const float *norm_w, acts 
   int rc = !projected;
   if (rc && T >= MHC_PROJ_MIN && mhc_proj_on()) TRY((rc = gk_mhc_proj(&hw->fn, A->X, T, hc, D, A->mixraw, A->ssq)) < 0);
   if (rc) TRY(gk_matmul(&hw->fn, A->X, T, hc * D, A->mixraw, mix));
-  return gk_mhc_pre(A->X, A->mixraw, rc ? NULL : A->ssq, hw->base, hw->scale, norm_w, T, hc, D, c->hc_sinkhorn_iters, c->hc_eps,
-                    c->rms_norm_eps, A->post, A->comb, A->y);
+  /* long chunks: y also in bf16, which every cuBLAS product of y (and the
+   * MoE gather) then reads instead of converting y again */
+  void *y16 = T >= gk_gemm_min() && gk_have_blas() && gk_xb_alias_on() ? A->y16 : NULL;
+  gk_xb_alias(NULL, 0, 0, NULL); /* y changes */
+  TRY(gk_mhc_pre(A->X, A->mixraw, rc ? NULL : A->ssq, hw->base, hw->scale, norm_w, T, hc, D, c->hc_sinkhorn_iters, c->hc_eps,
+                 c->rms_norm_eps, A->post, A->comb, A->y, y16));
+  gk_xb_alias(A->y, T, D, y16);
+  return 0;
 }
 /* The post of a sublayer (eo: after a MoE), fused with the projection of
  * the next site (next: its weights, NULL for none) for long chunks: 1 when
@@ -1127,9 +1134,17 @@ typedef struct {
   int pos0;             /* one sequence: its first position */
 } fwd;
 
+static int record_body(const fwd *f);
 /* The device work of one forward: every launch, no host synchronisation
- * (a decode step of T < gk_gemm_min() tokens is capturable as a graph). */
+ * (a decode step of T < gk_gemm_min() tokens is capturable as a graph).
+ * y's bf16 alias (site) lives inside one forward only. */
 static int record(const fwd *f) {
+  gk_xb_alias(NULL, 0, 0, NULL);
+  const int rc = record_body(f);
+  gk_xb_alias(NULL, 0, 0, NULL);
+  return rc;
+}
+static int record_body(const fwd *f) {
   const glm53_model *m = f->m;
   const glm53_config *c = &m->cfg;
   gmodel *g = m->backend_model;

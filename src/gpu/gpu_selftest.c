@@ -182,7 +182,7 @@ static void check_mhc(srng *r, gpu_check *out, int max, int *k) {
   float *dcomb = dput(&d, NULL, T * hc * hc * 4), *dy = dput(&d, NULL, T * D * 4), *da = dput(&d, a, T * D * 4);
   double e1 = INFINITY, e2 = INFINITY;
   if (!d.bad && !gk_matmul(&fn, dX, T, n, dmix, mix) &&
-      !gk_mhc_pre(dX, dmix, NULL, db, ds, dnw, T, hc, D, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, dpost, dcomb, dy) &&
+      !gk_mhc_pre(dX, dmix, NULL, db, ds, dnw, T, hc, D, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, dpost, dcomb, dy, NULL) &&
       !gk_mhc_post(dX, da, dpost, dcomb, T, hc, D) && !gk_d2h(gy, dy, T * D * 4) && !gk_d2h(gX, dX, (size_t)T * n * 4)) {
     e1 = relerr(gy, ry, (size_t)T * D);
     e2 = relerr(gX, rX, (size_t)T * n);

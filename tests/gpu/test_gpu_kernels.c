@@ -364,6 +364,24 @@ static void xb16_case(void) {
     CHECK(bits, "matmul from x rounded on the host differs from the cuBLAS path's conversion (cols %d, ldx %d)", cols, ldx);
     printf("cuBLAS path, x converted on the device (cols %d, ldx %d) vs rounded on the host: bitwise %s\n", cols, ldx,
            bits ? "yes" : "NO");
+    if (ldx == cols) { /* gk_xb_alias: products of x read the registered rows (zeros here: so the result shows it), not after a clear */
+      uint16_t *z16 = gk_malloc((size_t)T * cols * 2);
+      float *hy = xmalloc((size_t)T * R * 4);
+      int ra = gk_memset(z16, 0, (size_t)T * cols * 2);
+      gk_xb_alias(dx, T, cols, z16);
+      ra = ra || gk_matmul(&m.g, dx, T, ldx, y2, R) || gk_d2h(hy, y2, (size_t)T * R * 4);
+      int zero = !ra;
+      for (size_t i = 0; i < (size_t)T * R && zero; i++) zero = hy[i] == 0.f;
+      gk_xb_alias(NULL, 0, 0, NULL);
+      ra = ra || gk_matmul(&m.g, dx, T, ldx, y2, R);
+      const int back = !ra && dsame(y1, y2, (size_t)T * R);
+      CHECK(!ra && zero && back, "gk_xb_alias (cols %d): registered rows %s, after the clear %s", cols, zero ? "read" : "NOT read",
+            back ? "converted again" : "NOT the conversion's result");
+      printf("gk_xb_alias (cols %d): registered bf16 rows read: %s; after the clear x converted again: %s\n", cols,
+             zero ? "yes" : "NO", back ? "yes" : "NO");
+      gk_free(z16);
+      free(hy);
+    }
     tmat_free(&m);
     free(hx); free(h16);
     gk_free(dx); gk_free(d16); gk_free(y1); gk_free(y2);
@@ -628,12 +646,23 @@ static void mhc_pre_case(int T, int D) {
     mhc_pre(&w, &c, X + (size_t)t * n, rp + t * hc, rc_ + t * hc * hc, ry + (size_t)t * D);
     rmsnorm(ry + (size_t)t * D, ry + (size_t)t * D, nw, D, c.rms_norm_eps);
   }
+  uint16_t *dy16 = gk_malloc((size_t)T * D * 2), *hy16 = xmalloc((size_t)T * D * 2);
   int rc = gk_matmul(&g, dX, T, n, dmix, mix) ||
-           gk_mhc_pre(dX, dmix, NULL, dbase, dsc, dnw, T, hc, D, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, dpost, dcomb, dy);
+           gk_mhc_pre(dX, dmix, NULL, dbase, dsc, dnw, T, hc, D, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, dpost, dcomb, dy,
+                      dy16);
   mhc_pre_verify("mhc pre", rc, dy, dpost, dcomb, ry, rp, rc_, gy, gp, gc, T, hc, D);
+  { /* its bf16 copy of y (gk_xb_alias): the rounding of y */
+    size_t bad = rc || gk_d2h(hy16, dy16, (size_t)T * D * 2) ? 1 : 0;
+    for (size_t i = 0; i < (size_t)T * D && !bad; i++) bad += hy16[i] != f32_to_bf16(gy[i]);
+    CHECK(!bad, "mhc pre (T %d, D %d): the bf16 copy of y is not y's rounding", T, D);
+    printf("mhc pre, %d tokens, D %d: bf16 copy of y = its rounding: %s\n", T, D, bad ? "NO" : "yes");
+  }
+  gk_free(dy16);
+  free(hy16);
   if (T >= 64) { /* long launches (from 1024 tokens) cache the streams in shared memory: the same bits as 2 tokens alone */
     float *dy2 = gk_malloc((size_t)2 * D * 4), *dp2 = gk_malloc((size_t)2 * hc * 4), *dc2 = gk_malloc((size_t)2 * hc * hc * 4);
-    const int rc2 = gk_mhc_pre(dX, dmix, NULL, dbase, dsc, dnw, 2, hc, D, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, dp2, dc2, dy2);
+    const int rc2 =
+        gk_mhc_pre(dX, dmix, NULL, dbase, dsc, dnw, 2, hc, D, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, dp2, dc2, dy2, NULL);
     const int same = !rc2 && dsame(dy2, dy, (size_t)2 * D) && dsame(dp2, dpost, (size_t)2 * hc) && dsame(dc2, dcomb, (size_t)2 * hc * hc);
     CHECK(same, "mhc pre D %d: %d tokens differ from 2 alone", D, T);
     printf("mhc pre, %d tokens, D %d: first 2 bitwise as 2 alone: %s\n", T, D, same ? "yes" : "NO");
@@ -650,7 +679,7 @@ static void mhc_pre_case(int T, int D) {
       if (rc3 == 1) printf("mhc proj: not applicable\n");
       else {
         rc3 = rc3 || gk_mhc_pre(dX, dmix, dss, dbase, dsc, dnw, T, hc, D, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, dpost,
-                                dcomb, dy);
+                                dcomb, dy, NULL);
         mhc_pre_verify(tc == 2 ? "mhc proj+pre (tensor cores, 32-column steps)" : tc ? "mhc proj+pre (tensor cores)"
                                                                              : "mhc proj+pre (one pass)",
                        rc3, dy, dpost, dcomb, ry, rp, rc_, gy, gp, gc, T, hc, D);

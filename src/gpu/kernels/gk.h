@@ -82,6 +82,17 @@ unsigned gk_side_forks(void); /* forks so far (tests: that the side stream ran) 
 /* products that gk_matmul_multi's cuBLAS path ran inside a merged GEMM so
  * far (adjacent bf16 weights and outputs; tests: that the merge ran) */
 unsigned gk_gemm_merged(void);
+/* x's first n rows of cols floats (dense: ldx == cols) are also xb16 in
+ * bf16 (that rounding, e.g. gk_mhc_pre's y16): the cuBLAS path's products
+ * of x and the MoE GEMM form's gather read xb16 instead of converting x
+ * again (same bits). Valid until the next call; x NULL clears. The caller
+ * keeps it true: x must not change while registered. */
+void gk_xb_alias(const float *x, int n, int cols, const void *xb16);
+const void *gk_xb_lookup(const float *x, int n, int cols, int ldx); /* the registered bf16 rows of x, or NULL */
+/* registrations taken (1, default) or ignored (0; GLM53_GPU_XB_ALIAS=0, then
+ * gk_mhc_pre's y16 is not written either); -1 the environment */
+void gk_set_xb_alias(int on);
+int gk_xb_alias_on(void);
 void gk_set_gemm_merge(int on); /* 1 on (default), 0 off (GLM53_GPU_GEMM_MERGE=0), -1 the environment */
 /* GEMV kernel (bench/tests): 3 = the default v3 (chunked, split-K by shape,
  * docs/gpu.md); 4 = v3 without load pipelining (same bits as 3); 1 = the
@@ -206,7 +217,9 @@ int gk_swiglu_only(float *g, const float *u, const int *idx, int npairs, int n, 
  * ssq: each token's sum of squares of X (gk_mhc_proj), or NULL (computed) */
 int gk_mhc_pre(const float *X, const float *mixraw, const float *ssq, const float *base, const float *scale,
                const float *norm_w, int T, int hc, int D, int iters, float hc_eps, float rms_eps, float *post, float *comb,
-               float *y);
+               float *y, void *y16);
+/* y16 (8-byte aligned, or NULL): y's rows also in bf16 (the rounding
+ * gk_matmul's cuBLAS path gives its x), for gk_xb_alias */
 /* mixraw = fn . X and ssq[T] in one pass over X (fp32, another summation
  * order than gk_matmul): 0, -1, or 1 when fn is not f32 [24][4 D] (hc 4) */
 int gk_mhc_proj(const gpu_mat *fn, const float *X, int T, int hc, int D, float *mixraw, float *ssq);

@@ -230,6 +230,23 @@ extern "C" void gk_set_gemm_min(int n) { g_gemm_min = n > 0 ? n : -1; }
 extern "C" int gk_have_blas(void) { return GK_HAVE_BLAS; }
 static unsigned g_merged; /* products run inside a merged GEMM (multi_blas's merge_run) */
 extern "C" unsigned gk_gemm_merged(void) { return g_merged; }
+static const float *g_ax; /* gk_xb_alias */
+static const void *g_axb;
+static int g_an, g_acols;
+static int g_alias_on = -1;
+extern "C" void gk_set_xb_alias(int on) { g_alias_on = on < 0 ? -1 : !!on; }
+extern "C" int gk_xb_alias_on(void) {
+  if (g_alias_on < 0) g_alias_on = !(getenv("GLM53_GPU_XB_ALIAS") && !strcmp(getenv("GLM53_GPU_XB_ALIAS"), "0"));
+  return g_alias_on;
+}
+extern "C" void gk_xb_alias(const float *x, int n, int cols, const void *xb16) {
+  g_ax = x && xb16 && gk_xb_alias_on() ? x : NULL;
+  g_axb = g_ax ? xb16 : NULL;
+  g_an = n, g_acols = cols;
+}
+extern "C" const void *gk_xb_lookup(const float *x, int n, int cols, int ldx) {
+  return g_ax && x == g_ax && cols == g_acols && ldx == cols && n <= g_an ? g_axb : NULL;
+}
 static int g_merge = -1;
 extern "C" void gk_set_gemm_merge(int on) { g_merge = on < 0 ? -1 : !!on; }
 static int merge_on(void) {
@@ -670,6 +687,7 @@ void gk_dequant_bf16(const gpu_mat *W, __nv_bfloat16 *out) {
 
 /* x [n][cols] (ldx apart) as dense bf16 rows in the g_xb scratch */
 static const __nv_bfloat16 *x_bf16(const float *x, int n, int cols, int ldx) {
+  if (const void *a = gk_xb_lookup(x, n, cols, ldx)) return (const __nv_bfloat16 *)a; /* already in bf16 (gk_xb_alias) */
   __nv_bfloat16 *xb = (__nv_bfloat16 *)scratch(&g_xb[g_on_side], (size_t)n * cols * 2);
   if (!xb) return NULL;
   const size_t ne = (size_t)n * cols;

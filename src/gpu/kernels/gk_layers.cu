@@ -156,7 +156,7 @@ __device__ __forceinline__ float4 mhc_collapse4(const float4 *X4, const float *p
 template <bool VEC, bool CACHE, int HC>
 __global__ void mhc_pre_k(const float *X, const float *mixraw, const float *ssq, const float *base, const float *scale,
                           const float *norm_w, int hc_, int D, int iters, float hc_eps, float rms_eps, float *post, float *comb,
-                          float *y) {
+                          float *y, uint16_t *y16) {
   GK_PDL_BEGIN();
   const int hc = HC ? HC : hc_; /* HC: the stream count compiled in (the same operations, unrolled) */
   __shared__ float sh[32], sh2[32]; /* block_sum's partials; the y sums' (apart: no barrier between their uses) */
@@ -278,20 +278,28 @@ __global__ void mhc_pre_k(const float *X, const float *mixraw, const float *ssq,
     const float r2 = 1.0f / sqrtf(s2 / D + rms_eps);
     if (VEC) {
       const float4 *nw4 = (const float4 *)norm_w;
+      uint2 *y16t = y16 ? (uint2 *)(y16 + (size_t)t * D) : NULL; /* the bf16 copy (x_bf16's rounding), 8-byte aligned */
+      auto put = [&](int c, float4 v) {
+        ((float4 *)yt)[c] = v;
+        if (y16t) y16t[c] = make_uint2(bf16_bits(v.x) | bf16_bits(v.y) << 16, bf16_bits(v.z) | bf16_bits(v.w) << 16);
+      };
 #pragma unroll
       for (int k = 0; k < MHC_YK; k++) {
         const int c = tid + k * nth;
         if (c < D4) {
           const float4 g = nw4[c], a = yr[k];
-          ((float4 *)yt)[c] = make_float4(g.x * (a.x * r2), g.y * (a.y * r2), g.z * (a.z * r2), g.w * (a.w * r2));
+          put(c, make_float4(g.x * (a.x * r2), g.y * (a.y * r2), g.z * (a.z * r2), g.w * (a.w * r2)));
         }
       }
       for (int c = tid + MHC_YK * nth; c < D4; c += nth) {
         const float4 g = nw4[c], a = ((const float4 *)yt)[c];
-        ((float4 *)yt)[c] = make_float4(g.x * (a.x * r2), g.y * (a.y * r2), g.z * (a.z * r2), g.w * (a.w * r2));
+        put(c, make_float4(g.x * (a.x * r2), g.y * (a.y * r2), g.z * (a.z * r2), g.w * (a.w * r2)));
       }
     } else {
-      for (int d = tid; d < D; d += nth) yt[d] = norm_w[d] * (yt[d] * r2);
+      for (int d = tid; d < D; d += nth) {
+        yt[d] = norm_w[d] * (yt[d] * r2);
+        if (y16) y16[(size_t)t * D + d] = (uint16_t)bf16_bits(yt[d]);
+      }
     }
   }
 }
@@ -309,9 +317,11 @@ static bool mhc_cache_smem(size_t bytes) {
 }
 extern "C" int gk_mhc_pre(const float *X, const float *mixraw, const float *ssq, const float *base, const float *scale,
                           const float *norm_w, int T, int hc, int D, int iters, float hc_eps, float rms_eps, float *post,
-                          float *comb, float *y) {
+                          float *comb, float *y, void *y16_) {
   if (hc > MAX_HC) return gk_fail("mhc: hc_mult %d above %d", hc, MAX_HC);
-  const bool vec = D % 4 == 0 && (uintptr_t)X % 16 == 0 && (uintptr_t)y % 16 == 0 && (uintptr_t)norm_w % 16 == 0;
+  uint16_t *y16 = (uint16_t *)y16_;
+  const bool vec = D % 4 == 0 && (uintptr_t)X % 16 == 0 && (uintptr_t)y % 16 == 0 && (uintptr_t)norm_w % 16 == 0 &&
+                   (uintptr_t)y16 % 8 == 0;
   /* long chunks: the streams cached in shared memory between the two passes
    * (at prefill the second pass otherwise rereads X from memory: the blocks
    * in flight hold more than L2; below ~1K tokens it stays in L2); same
@@ -321,16 +331,16 @@ extern "C" int gk_mhc_pre(const float *X, const float *mixraw, const float *ssq,
   const size_t xs = (size_t)hc * D * sizeof(float);
   if (vec && !ssq && cache_on && T >= 1024 && xs <= 96 * 1024 && mhc_cache_smem(xs))
     gk_launch(mhc_pre_k<true, true, 0>, T, 256, xs, X, mixraw, ssq, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post,
-              comb, y);
+              comb, y, y16);
   else if (vec && hc == 4) /* the model's 4 streams compiled in: the collapse's loads and the Sinkhorn's shuffles unrolled */
     gk_launch(mhc_pre_k<true, false, 4>, T, 256, 0, X, mixraw, ssq, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post,
-              comb, y);
+              comb, y, y16);
   else if (vec)
     gk_launch(mhc_pre_k<true, false, 0>, T, 256, 0, X, mixraw, ssq, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post,
-              comb, y);
+              comb, y, y16);
   else
     gk_launch(mhc_pre_k<false, false, 0>, T, 256, 0, X, mixraw, ssq, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post,
-              comb, y);
+              comb, y, y16);
   return GK_LAUNCHED("mhc_pre");
 }
 

@@ -295,10 +295,14 @@ extern "C" int gk_moe_experts_gemm(const gpu_mat *h_exp, int E, const int *hoff,
   GK_TRY(cudaMemcpyAsync(tab, host, ptr0 + (size_t)9 * nu * sizeof(void *), cudaMemcpyHostToDevice, cudaStreamPerThread));
   if (g_x16_on < 0) g_x16_on = !(getenv("GLM53_GPU_MOE_X16") && !strcmp(getenv("GLM53_GPU_MOE_X16"), "0"));
   const bool v4 = D % 4 == 0 && ldx % 4 == 0 && (uintptr_t)x % 16 == 0;
-  uint2 *x16 = g_x16_on && v4 && D % 8 == 0 ? (uint2 *)gk_scratch_grow(&g_x16, (size_t)T * D * 2) : NULL;
-  if (x16) {
+  const void *xa = g_x16_on && v4 && D % 8 == 0 ? gk_xb_lookup(x, T, D, ldx) : NULL; /* x already in bf16 (16-byte aligned rows) */
+  uint2 *x16 = xa && (uintptr_t)xa % 16 == 0 ? (uint2 *)xa
+               : g_x16_on && v4 && D % 8 == 0 ? (uint2 *)gk_scratch_grow(&g_x16, (size_t)T * D * 2) : NULL;
+  if (x16 && (const void *)x16 != xa) {
     gk_launch(moe_x_bf16_k, gk_blocks((size_t)T * D / 4, 256), 256, 0, x, ldx, T, D, x16);
     if (GK_LAUNCHED("moe x bf16")) return -1;
+  }
+  if (x16) {
     gk_launch(moe_gather16_k, n, 256, 0, (const uint4 *)x16, perm, idx, off, (const int *)tab, k, D, (uint4 *)xs, erow);
   } else if (v4)
     gk_launch(moe_gather_bf16_k<true>, n, 256, 0, x, ldx, perm, idx, off, (const int *)tab, k, D, xs, erow);
