@@ -301,11 +301,12 @@ int main(int argc, char **argv) {
    * where the wgmma one is the default, the wgmma kernel's 32-key tiles in
    * two stages, the mHC projection's 32-column steps, the KDA recurrence
    * with 16 and 32 lanes per column (g4's bits), the first three together,
-   * the side stream on, the MoE GEMM form's outputs in fp32, no merged
-   * GEMMs (KDA q / k / v as three), the KDA projections in fp32, no bf16
-   * copy of y from the mHC pre, and the defaults again (drift over the
-   * run); median of 3 each */
-  static const char *const vname[18][2] = {{"MLA per-head form in batched GEMMs", "GLM53_GPU_MLA_FLASH=0"},
+   * the side stream on, the MoE GEMM form's outputs in fp32, the KDA q /
+   * k / v products as one merged GEMM, the KDA projections in bf16, no
+   * bf16 copy of y from the mHC pre, the MoE gather from a bf16 copy made
+   * right before it, and the defaults again (drift over the run); median
+   * of 3 each */
+  static const char *const vname[19][2] = {{"MLA per-head form in batched GEMMs", "GLM53_GPU_MLA_FLASH=0"},
                                           {"MLA absorbed GEMM form", "GLM53_GPU_MLA_MHA=0"},
                                           {"mHC projection SIMT kernel", "GLM53_GPU_MHC_TC=0"},
                                           {"MLA fused mma.sync kernel, 64 keys per tile", "GLM53_GPU_MLA_FLASH_WG=0 GLM53_GPU_MLA_FLASH_BN=64"},
@@ -319,11 +320,12 @@ int main(int argc, char **argv) {
                                           {"the wgmma 32-key tiles, mHC 32-column steps, KDA x4 together", "GLM53_GPU_MLA_FLASH_WG_BN=32 GLM53_GPU_MHC_K32=1 GLM53_GPU_KDA_LAYOUT=x4"},
                                           {"the side stream on", "GLM53_GPU_SIDE=1"},
                                           {"the MoE GEMM form's outputs in fp32", "GLM53_GPU_MOE_OUT=f32"},
-                                          {"no merged GEMMs (KDA q, k, v apart)", "GLM53_GPU_GEMM_MERGE=0"},
-                                          {"the KDA q, k, v projections in fp32", "GLM53_GPU_KDA_RAW=f32"},
+                                          {"the KDA q, k, v products as one merged GEMM", "GLM53_GPU_GEMM_MERGE=1"},
+                                          {"the KDA q, k, v projections in bf16", "GLM53_GPU_KDA_RAW=bf16"},
                                           {"no bf16 copy of y from the mHC pre", "GLM53_GPU_XB_ALIAS=0"},
+                                          {"the MoE gather from a fresh bf16 copy", "GLM53_GPU_MOE_X16=fresh"},
                                           {"the defaults again", "-"}};
-  for (int v = 0; v < 18; v++) {
+  for (int v = 0; v < 19; v++) {
     if (quick && v < 13) continue; /* the newest A/B only */
     if (v == 7 && !gk_mla_flash_wg()) continue;
     if (v == 6 && !gk_mla_flash_wg()) continue; /* no wgmma kernel here: the mma.sync one is the default */
@@ -340,9 +342,10 @@ int main(int argc, char **argv) {
     if (v == 10) gk_set_kda_layout(GK_KR_Y4);
     if (v == 12) gk_set_side(1);
     if (v == 13) gk_set_moe_bf16_out(0);
-    if (v == 14) gk_set_gemm_merge(0);
-    if (v == 15) gk_set_kda_raw16(0);
+    if (v == 14) gk_set_gemm_merge(1);
+    if (v == 15) gk_set_kda_raw16(1);
     if (v == 16) gk_set_xb_alias(0);
+    if (v == 17) gk_set_moe_x16(2);
     for (int i = 0; i < 3; i++) {
       glm53_session_reset(s);
       pr[i] = run(s, tok, NP, logits);

@@ -93,7 +93,9 @@ const void *gk_xb_lookup(const float *x, int n, int cols, int ldx); /* the regis
  * gk_mhc_pre's y16 is not written either); -1 the environment */
 void gk_set_xb_alias(int on);
 int gk_xb_alias_on(void);
-void gk_set_gemm_merge(int on); /* 1 on (default), 0 off (GLM53_GPU_GEMM_MERGE=0), -1 the environment */
+/* 1 on (GLM53_GPU_GEMM_MERGE=1; opt-in: measured no faster on the H100),
+ * 0 off (the default), -1 the environment */
+void gk_set_gemm_merge(int on);
 /* GEMV kernel (bench/tests): 3 = the default v3 (chunked, split-K by shape,
  * docs/gpu.md); 4 = v3 without load pipelining (same bits as 3); 1 = the
  * one-row-per-warp kernel ($GLM53_GPU_GEMV=1); 2 = the rows-per-warp kernel
@@ -303,8 +305,9 @@ int gk_kda_prep(float *qkv, int T, int H, int hd, float qscale);          /* l2n
  * chunks, gk_kda_raw16), widened as read; the conv state stays fp32. */
 int gk_kda_conv_prep(const void *raw, int raw16, const gk_batch *b, const float *w, int T, int H, int hd, int K, float qscale,
                      float *qkv);
-/* the KDA q / k / v projections of long chunks written in bf16 (1,
- * default), or fp32 (0; GLM53_GPU_KDA_RAW=f32); -1 the environment */
+/* the KDA q / k / v projections of long chunks written in bf16 (1;
+ * GLM53_GPU_KDA_RAW=bf16, opt-in: measured no faster), or fp32 (0, the
+ * default); -1 the environment */
 void gk_set_kda_raw16(int on);
 int gk_kda_raw16(void);
 /* its prefill form's tokens per warp with 4 taps, 1, 4 or 8, the same
@@ -510,8 +513,10 @@ int gk_moe_sort(const int *idx, int np, int E, int *perm, int *off);
 size_t gk_moe_gemm_rows(int npairs);
 int gk_moe_experts_gemm(const gpu_mat *h_exp, int E, const int *hoff, const int *off, const int *perm, const int *idx, int k,
                         const float *x, int ldx, int T, int D, int I, float limit, float *g, float *u, float *eo, int *erow);
-/* its gather from a bf16 copy of x's T rows (default) or from the fp32 rows
- * (0; GLM53_GPU_MOE_X16=0): the same bits; -1 the environment */
+/* its gather from a bf16 copy of x's T rows (1, default; x's gk_xb_alias
+ * where registered), from the fp32 rows (0; GLM53_GPU_MOE_X16=0), or from
+ * a copy made right before it even where x has an alias (2;
+ * GLM53_GPU_MOE_X16=fresh): the same bits; -1 the environment */
 void gk_set_moe_x16(int on);
 /* bf16 gate / up / eo (1), or fp32 (0; GLM53_GPU_MOE_OUT=f32); -1 the environment */
 void gk_set_moe_bf16_out(int on);

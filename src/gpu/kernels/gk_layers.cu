@@ -883,7 +883,9 @@ static int conv_prep(const RT *raw, const gk_batch *b, const float *w, int T, in
 static int g_raw16 = -1;
 extern "C" void gk_set_kda_raw16(int on) { g_raw16 = on < 0 ? -1 : !!on; }
 extern "C" int gk_kda_raw16(void) {
-  if (g_raw16 < 0) g_raw16 = !(getenv("GLM53_GPU_KDA_RAW") && !strcmp(getenv("GLM53_GPU_KDA_RAW"), "f32"));
+  /* opt-in: measured no faster on the H100 (the conv's 2-byte loads cost what
+   * the GEMM's halved writes save; docs/gpu.md, seventeenth session) */
+  if (g_raw16 < 0) g_raw16 = getenv("GLM53_GPU_KDA_RAW") && !strcmp(getenv("GLM53_GPU_KDA_RAW"), "bf16");
   return g_raw16;
 }
 extern "C" int gk_kda_conv_prep(const void *raw, int raw16, const gk_batch *b, const float *w, int T, int H, int hd, int K,

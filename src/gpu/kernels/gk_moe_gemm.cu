@@ -234,8 +234,12 @@ static int buckets(const int *hoff, int E, int *ord, int *bstart, int *poff) {
 }
 #endif
 
-static int g_x16_on = -1; /* GLM53_GPU_MOE_X16=0: gather from the fp32 rows */
-extern "C" void gk_set_moe_x16(int on) { g_x16_on = on < 0 ? -1 : !!on; }
+/* 1: the bf16 copy (x's gk_xb_alias where registered); 0: gather from the
+ * fp32 rows (GLM53_GPU_MOE_X16=0); 2: a fresh copy even where x has an
+ * alias (GLM53_GPU_MOE_X16=fresh: made right before the gather, so its
+ * rows are in L2; an A/B not yet measured) */
+static int g_x16_on = -1;
+extern "C" void gk_set_moe_x16(int on) { g_x16_on = on >= 0 && on <= 2 ? on : -1; }
 
 static int g_bf16_out = -1;
 extern "C" void gk_set_moe_bf16_out(int on) { g_bf16_out = on < 0 ? -1 : !!on; }
@@ -293,9 +297,12 @@ extern "C" int gk_moe_experts_gemm(const gpu_mat *h_exp, int E, const int *hoff,
     hp[8 * nu + i] = eob + (size_t)poff[e] * D * es;
   }
   GK_TRY(cudaMemcpyAsync(tab, host, ptr0 + (size_t)9 * nu * sizeof(void *), cudaMemcpyHostToDevice, cudaStreamPerThread));
-  if (g_x16_on < 0) g_x16_on = !(getenv("GLM53_GPU_MOE_X16") && !strcmp(getenv("GLM53_GPU_MOE_X16"), "0"));
+  if (g_x16_on < 0) {
+    const char *e = getenv("GLM53_GPU_MOE_X16");
+    g_x16_on = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "fresh") ? 2 : 1;
+  }
   const bool v4 = D % 4 == 0 && ldx % 4 == 0 && (uintptr_t)x % 16 == 0;
-  const void *xa = g_x16_on && v4 && D % 8 == 0 ? gk_xb_lookup(x, T, D, ldx) : NULL; /* x already in bf16 (16-byte aligned rows) */
+  const void *xa = g_x16_on == 1 && v4 && D % 8 == 0 ? gk_xb_lookup(x, T, D, ldx) : NULL; /* x already in bf16 (16-byte aligned rows) */
   uint2 *x16 = xa && (uintptr_t)xa % 16 == 0 ? (uint2 *)xa
                : g_x16_on && v4 && D % 8 == 0 ? (uint2 *)gk_scratch_grow(&g_x16, (size_t)T * D * 2) : NULL;
   if (x16 && (const void *)x16 != xa) {
