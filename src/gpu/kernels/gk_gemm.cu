@@ -780,7 +780,7 @@ extern "C" int gk_matmul(const gpu_mat *W, const float *x, int n, int ldx, float
 
 #if GK_HAVE_BLAS
 /* How many products from p[0] on form one GEMM: bf16 matrices of the shared
- * x, each stored right after the previous one (gk_weights_adjacent at
+ * x, each stored right after the previous one (glm53_gpu.c up_adjacent at
  * upload) and writing right after the previous one's columns with the
  * same row stride, as the KDA q | k | v projections into their qkv rows:
  * one GEMM of the summed rows instead of three of a third (fewer waves
