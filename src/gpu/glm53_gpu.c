@@ -1101,10 +1101,9 @@ static int site(const glm53_config *c, const ghc *hw, const float *norm_w, acts 
   /* long chunks: y also in bf16, which every cuBLAS product of y (and the
    * MoE gather) then reads instead of converting y again */
   void *y16 = T >= gk_gemm_min() && gk_have_blas() && gk_xb_alias_on() ? A->y16 : NULL;
-  gk_xb_alias(NULL, 0, 0, NULL); /* y changes */
   TRY(gk_mhc_pre(A->X, A->mixraw, rc ? NULL : A->ssq, hw->base, hw->scale, norm_w, T, hc, D, c->hc_sinkhorn_iters, c->hc_eps,
                  c->rms_norm_eps, A->post, A->comb, A->y, y16));
-  gk_xb_alias(A->y, T, D, y16);
+  gk_xb_alias(A->y, T, D, y16); /* replaces the previous site's (y16 NULL: clears it); record() clears on exit */
   return 0;
 }
 /* The post of a sublayer (eo: after a MoE), fused with the projection of

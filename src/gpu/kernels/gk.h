@@ -148,6 +148,12 @@ int gk_matmul_multi(const gk_prod *p, int np, const float *x, int n, int ldx);
  * gk_matmul's cuBLAS path gives x): the same bits as gk_matmul of the fp32
  * x. Only where gk_xb16_ok (the cuBLAS path, W not fp32); else an error. */
 int gk_matmul_xb16(const gpu_mat *W, const void *xb, int n, float *y, int ldy);
+/* BLAS builds: x [n][cols] (ldx apart) as dense bf16 rows (the rounding
+ * above; 8 or 4 per thread where aligned) into out; and h = bf16(swiglu(g,
+ * u)) over n elements (gk_swiglu's value, that rounding). Launches only:
+ * the caller checks them (GK_LAUNCHED), under its own profile label. */
+int gk_rows_bf16(const float *x, int n, int cols, int ldx, void *out);
+int gk_swiglu_to_bf16(const float *g, const float *u, size_t n, float limit, void *h);
 int gk_xb16_ok(const gpu_mat *W, int n);
 /* out = down(swiglu(x gate^T, x up^T)) (out ldo apart; g, u: n x gate rows
  * floats, g's rows then hold the SwiGLU on the GEMV path): gk_gate_up then

@@ -666,12 +666,6 @@ __global__ void to_bf16_v4_k(const float4 *x, unsigned c4, unsigned ld4, unsigne
   const float4 a = x[(size_t)t * ld4 + c];
   o[i] = make_uint2(bf16_bits(a.x) | bf16_bits(a.y) << 16, bf16_bits(a.z) | bf16_bits(a.w) << 16);
 }
-/* bf16(swiglu(g, u)): gk_swiglu's value rounded as x_bf16 rounds it */
-__global__ void swiglu_bf16_k(const float *g, const float *u, size_t n, float limit, uint16_t *h) {
-  GK_PDL_BEGIN();
-  const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-  if (i < n) h[i] = (uint16_t)bf16_bits(swiglu1(g[i], u[i], limit));
-}
 __global__ void dequant_bf16_k(gpu_mat W, __nv_bfloat16 *o) {
   GK_PDL_BEGIN();
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
@@ -686,21 +680,24 @@ void gk_dequant_bf16(const gpu_mat *W, __nv_bfloat16 *out) {
   gk_launch(dequant_bf16_k, gk_blocks((size_t)W->rows * W->cols, 256), 256, 0, *W, out);
 }
 
+extern "C" int gk_rows_bf16(const float *x, int n, int cols, int ldx, void *out) {
+  const size_t ne = (size_t)n * cols;
+  if (!ne) return 0;
+  if (ne / 4 < 0xffffffffu && (uintptr_t)x % 16 == 0 && cols % 4 == 0 && ldx % 4 == 0) {
+    if (ldx == cols && ne % 8 == 0 && (uintptr_t)out % 16 == 0)
+      gk_launch(to_bf16_v8_k, gk_blocks(ne / 8, 256), 256, 0, (const float4 *)x, (unsigned)(ne / 8), (uint4 *)out);
+    else
+      gk_launch(to_bf16_v4_k, gk_blocks(ne / 4, 256), 256, 0, (const float4 *)x, (unsigned)(cols / 4), (unsigned)(ldx / 4),
+                (unsigned)(ne / 4), (uint2 *)out);
+  } else
+    gk_launch(to_bf16_k, gk_blocks(ne, 256), 256, 0, x, n, cols, ldx, (__nv_bfloat16 *)out);
+  return 0;
+}
 /* x [n][cols] (ldx apart) as dense bf16 rows in the g_xb scratch */
 static const __nv_bfloat16 *x_bf16(const float *x, int n, int cols, int ldx) {
   if (const void *a = gk_xb_lookup(x, n, cols, ldx)) return (const __nv_bfloat16 *)a; /* already in bf16 (gk_xb_alias) */
   __nv_bfloat16 *xb = (__nv_bfloat16 *)scratch(&g_xb[g_on_side], (size_t)n * cols * 2);
-  if (!xb) return NULL;
-  const size_t ne = (size_t)n * cols;
-  if (ne / 4 < 0xffffffffu && (uintptr_t)x % 16 == 0 && cols % 4 == 0 && ldx % 4 == 0) {
-    if (ldx == cols && ne % 8 == 0)
-      gk_launch(to_bf16_v8_k, gk_blocks(ne / 8, 256), 256, 0, (const float4 *)x, (unsigned)(ne / 8), (uint4 *)xb);
-    else
-      gk_launch(to_bf16_v4_k, gk_blocks(ne / 4, 256), 256, 0, (const float4 *)x, (unsigned)(cols / 4), (unsigned)(ldx / 4),
-                (unsigned)(ne / 4), (uint2 *)xb);
-  } else
-    gk_launch(to_bf16_k, gk_blocks(ne, 256), 256, 0, x, n, cols, ldx, xb);
-  return xb;
+  return xb && !gk_rows_bf16(x, n, cols, ldx, xb) ? xb : NULL;
 }
 static int gemm_xb(const gpu_mat *W, const __nv_bfloat16 *xb, int n, float *y, int ldy, bool y16 = false);
 
@@ -904,10 +901,9 @@ extern "C" int gk_mlp(const gpu_mat *Wg, const gpu_mat *Wu, const gpu_mat *Wd, c
       Wd->cols == I) {
     const __nv_bfloat16 *xb = x_bf16(x, n, Wg->cols, ldx);
     uint16_t *hb = (uint16_t *)scratch(&g_hb[g_on_side], (size_t)n * I * 2);
-    if (!xb || !hb || gemm_xb(Wg, xb, n, g, I) || gemm_xb(Wu, xb, n, u, I)) return -1;
-    gk_launch(swiglu_bf16_k, gk_blocks((size_t)n * I, 256), 256, 0, (const float *)g, (const float *)u, (size_t)n * I, limit,
-              hb);
-    if (GK_LAUNCHED("swiglu bf16")) return -1;
+    if (!xb || !hb || gemm_xb(Wg, xb, n, g, I) || gemm_xb(Wu, xb, n, u, I) ||
+        gk_swiglu_to_bf16(g, u, (size_t)n * I, limit, hb) || GK_LAUNCHED("swiglu bf16"))
+      return -1;
     return gemm_xb(Wd, (const __nv_bfloat16 *)hb, n, out, ldo);
   }
 #endif

@@ -119,20 +119,11 @@ __global__ void moe_gather_bf16_k(const float *x, int ldx, const int *perm, cons
   }
 }
 
-/* The token rows once in bf16 (T x D, bf16_bits: the rounding of the
+/* The token rows once in bf16 (T x D, gk_rows_bf16: the rounding of the
  * gather above), then the gather copies bf16 rows: the source (33 MB at a
  * 4096-token prefill) stays in L2 across a token's k copies, instead of
- * k reads of its fp32 row from memory. Same bits. */
-__global__ void moe_x_bf16_k(const float *x, int ldx, int T, int D, uint2 *xb) {
-  GK_PDL_BEGIN();
-  const int n4 = D / 4;
-  const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-  if (i >= (size_t)T * n4) return;
-  const size_t t = i / n4, c = i % n4;
-  const float4 v = __ldg((const float4 *)(x + t * ldx) + c);
-  xb[i] = make_uint2(bf16_bits(v.x) | bf16_bits(v.y) << 16, bf16_bits(v.z) | bf16_bits(v.w) << 16);
-}
-/* xs[r] = xb[pair / k] (8 bf16 per thread, D % 8 == 0) and erow, as moe_gather_bf16_k */
+ * k reads of its fp32 row from memory. Same bits.
+ * xs[r] = xb[pair / k] (8 bf16 per thread, D % 8 == 0) and erow, as moe_gather_bf16_k */
 __global__ void moe_gather16_k(const uint4 *xb, const int *perm, const int *idx, const int *off, const int *poff, int k, int D,
                                uint4 *xs, int *erow) {
   GK_PDL_BEGIN();
@@ -174,6 +165,16 @@ __global__ void moe_swiglu_bf16_v4_k(const float4 *g, const float4 *u, size_t n4
   const float4 a = g[i], b = u[i];
   h[i] = make_uint2(bf16_bits(swiglu1(a.x, b.x, limit)) | bf16_bits(swiglu1(a.y, b.y, limit)) << 16,
                     bf16_bits(swiglu1(a.z, b.z, limit)) | bf16_bits(swiglu1(a.w, b.w, limit)) << 16);
+}
+
+extern "C" int gk_swiglu_to_bf16(const float *g, const float *u, size_t n, float limit, void *h) {
+  if (!n) return 0;
+  if (n % 4 == 0 && (uintptr_t)g % 16 == 0 && (uintptr_t)u % 16 == 0 && (uintptr_t)h % 8 == 0)
+    gk_launch(moe_swiglu_bf16_v4_k, gk_blocks(n / 4, 256), 256, 0, (const float4 *)g, (const float4 *)u, n / 4, limit,
+              (uint2 *)h);
+  else
+    gk_launch(moe_swiglu_bf16_k, gk_blocks(n, 256), 256, 0, g, u, n, limit, (__nv_bfloat16 *)h);
+  return 0;
 }
 
 static cublasHandle_t g_h; /* gk_blas_handle(), fetched per call of gk_moe_experts_gemm */
@@ -308,10 +309,7 @@ extern "C" int gk_moe_experts_gemm(const gpu_mat *h_exp, int E, const int *hoff,
   const void *xa = g_x16_on == 1 && v4 && D % 8 == 0 ? gk_xb_lookup(x, T, D, ldx) : NULL; /* x already in bf16 (16-byte aligned rows) */
   uint2 *x16 = xa && (uintptr_t)xa % 16 == 0 ? (uint2 *)xa
                : g_x16_on && v4 && D % 8 == 0 ? (uint2 *)gk_scratch_grow(&g_x16, (size_t)T * D * 2) : NULL;
-  if (x16 && (const void *)x16 != xa) {
-    gk_launch(moe_x_bf16_k, gk_blocks((size_t)T * D / 4, 256), 256, 0, x, ldx, T, D, x16);
-    if (GK_LAUNCHED("moe x bf16")) return -1;
-  }
+  if (x16 && (const void *)x16 != xa && (gk_rows_bf16(x, T, D, ldx, x16) || GK_LAUNCHED("moe x bf16"))) return -1;
   if (x16) {
     gk_launch(moe_gather16_k, n, 256, 0, (const uint4 *)x16, perm, idx, off, (const int *)tab, k, D, (uint4 *)xs, erow);
   } else if (v4)
@@ -346,11 +344,8 @@ extern "C" int gk_moe_experts_gemm(const gpu_mat *h_exp, int E, const int *hoff,
               (uint2 *)hb);
   else if (o16)
     gk_launch(moe_swiglu_b2b_k, gk_blocks(ne, 256), 256, 0, (const uint16_t *)g, (const uint16_t *)u, ne, limit, hb);
-  else if (ne % 4 == 0 && (uintptr_t)g % 16 == 0 && (uintptr_t)u % 16 == 0 && (uintptr_t)hb % 8 == 0)
-    gk_launch(moe_swiglu_bf16_v4_k, gk_blocks(ne / 4, 256), 256, 0, (const float4 *)g, (const float4 *)u, ne / 4, limit,
-              (uint2 *)hb);
-  else
-    gk_launch(moe_swiglu_bf16_k, gk_blocks(ne, 256), 256, 0, (const float *)g, (const float *)u, ne, limit, hb);
+  else if (gk_swiglu_to_bf16(g, u, ne, limit, hb))
+    return -1;
   if (GK_LAUNCHED("moe swiglu bf16")) return -1;
   if (!quant) {
     for (int b = 0; b < nb; b++) {
