@@ -1018,13 +1018,10 @@ static int moe_body(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
    * the sort's host round trip and the routed experts */
   const int side = sorted ? gk_side_fork() : 0;
   TRY(side < 0);
-  if (side) {
+  if (T >= gk_gemm_min()) { /* the shared expert (on the side stream when forked), then the router */
     TRY(gk_mlp(&G->shared.gate, &G->shared.up, &G->shared.down, A->y, T, D, A->sg, A->su, lim, A->a, D));
-    TRY(gk_side_back());
+    TRY(gk_side_back()); /* (no-op unless forked) */
     TRY(gk_matmul(&G->router, A->y, T, D, A->logits, E));
-  } else if (T >= gk_gemm_min()) { /* (gk_mlp: the SwiGLU straight to bf16 on the cuBLAS path) */
-    TRY(gk_matmul(&G->router, A->y, T, D, A->logits, E));
-    TRY(gk_mlp(&G->shared.gate, &G->shared.up, &G->shared.down, A->y, T, D, A->sg, A->su, lim, A->a, D));
   } else {
     const gk_prod p[] = {{.W = &G->router, .y = A->logits, .ldy = E},
                          {.W = &G->shared.gate, .y = A->sg, .ldy = Is, .W2 = &G->shared.up, .u = A->su, .limit = lim}};
@@ -1035,8 +1032,8 @@ static int moe_body(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
    * shared expert's down product and the grouping run */
   TRY(gk_moe_route_pf(A->logits, G->bias, T, E, k, c->n_group, c->topk_group, c->norm_topk_prob,
                       c->routed_scaling_factor, A->idx, A->wt, T < gk_gemm_min() ? G->d_exp : NULL));
-  if (T < gk_gemm_min()) TRY(gk_matmul(&G->shared.down, A->sg, T, Is, A->a, D));
   if (T < gk_gemm_min()) { /* decode: pairs grouped per expert on the device, each expert's weights read once */
+    TRY(gk_matmul(&G->shared.down, A->sg, T, Is, A->a, D));
     TRY(gk_expert_group(A->idx, np, E, A->grp));
     TRY(gk_experts_grouped(G->d_exp, 0, 1, lim, G->efmt, I, D, A->grp, A->idx, np, E, k, 1, A->y, D, A->pg, I, A->pu));
     return gk_experts_grouped(G->d_exp, 2, 0, 0.f, G->efmt, D, I, A->grp, A->idx, np, E, k, 0, A->pg, I, A->eo, D, NULL);
