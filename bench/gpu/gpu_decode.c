@@ -70,12 +70,15 @@ static double decode(glm53_session *s, int steps, const int32_t *tok, float *log
  * given (gk.h: gk_set_pdl_early, gk_set_gemv_l2pf, gk_set_expert_l2pf) and
  * the KDA recurrence's layout (gk_set_kda_layout) in a fresh session (its
  * graphs capture the launch parameters), then the defaults back. */
-typedef struct { const char *what; int early, pfb, last; long xpf; int kda_layout; } decode_var;
+/* branch, rgroup: gk_set_branch / gk_set_route_group (-1: the default) */
+typedef struct { const char *what; int early, pfb, last; long xpf; int kda_layout, branch, rgroup; } decode_var;
 static double decode_variant(glm53_model *m, const decode_var *v, int steps, const int32_t *tok, float *logits) {
   gk_set_pdl_early(v->early);
   gk_set_gemv_l2pf(v->pfb, v->last);
   gk_set_expert_l2pf(v->xpf);
   gk_set_kda_layout(v->kda_layout);
+  gk_set_branch(v->branch);
+  gk_set_route_group(v->rgroup);
   glm53_session *s = glm53_session_new(m, 64 + steps + 16);
   if (!s) { printf("session: %s\n", glm53_last_error()); exit(1); }
   run(s, tok, 64, logits);
@@ -85,24 +88,44 @@ static double decode_variant(glm53_model *m, const decode_var *v, int steps, con
   gk_set_gemv_l2pf(-1, -1);
   gk_set_expert_l2pf(-1);
   gk_set_kda_layout(0);
+  gk_set_branch(-1);
+  gk_set_route_group(-1);
   return dt;
 }
 /* the eighth session measured every L2 prefetch variant slower (docs/gpu.md):
  * two are kept as a check, with the KDA layouts' decode cost */
 static void decode_sweep(glm53_model *m, int steps, const int32_t *tok, float *logits, size_t dbytes, double bw) {
   static const decode_var vs[] = {
-      {"the defaults (late trigger, no L2 prefetch, KDA layout g4)", 0, 0, 1, 0, 0},
-      {"early trigger only", 1, 0, 1, 0, 0},
-      {"GEMV L2 prefetch 4 KB/row only (late trigger)", 0, 4096, 1, 0, 0},
-      {"KDA layout w4 (GLM53_GPU_KDA_LAYOUT)", 0, 0, 1, 0, GK_KR_W4},
-      {"KDA layout g2", 0, 0, 1, 0, GK_KR_G2},
-      {"the defaults again (drift)", 0, 0, 1, 0, 0},
+      {"the defaults (late trigger, no L2 prefetch, KDA layout g4)", 0, 0, 1, 0, 0, -1, -1},
+      {"early trigger only", 1, 0, 1, 0, 0, -1, -1},
+      {"GEMV L2 prefetch 4 KB/row only (late trigger)", 0, 4096, 1, 0, 0, -1, -1},
+      {"KDA layout w4 (GLM53_GPU_KDA_LAYOUT)", 0, 0, 1, 0, GK_KR_W4, -1, -1},
+      {"KDA layout g2", 0, 0, 1, 0, GK_KR_G2, -1, -1},
+      {"the defaults again (drift)", 0, 0, 1, 0, 0, -1, -1},
   };
   for (size_t i = 0; i < sizeof vs / sizeof *vs; i++) {
     const double dt = decode_variant(m, &vs[i], steps, tok, logits);
     printf("decode @ctx 64, %s: %.2f ms/token = %.1f tok/s (%.0f%% of copy bw)\n", vs[i].what, dt * 1e3, 1 / dt,
            100.0 * dbytes / dt / 1e9 / bw);
   }
+}
+
+/* the newest decode changes, each off in turn (GLM53_BENCH_QUICK too):
+ * the comb branch and the grouping route launch; two rounds, interleaved,
+ * for the drift */
+static void decode_ab(glm53_model *m, int steps, const int32_t *tok, float *logits, size_t dbytes, double bw) {
+  static const decode_var vs[] = {
+      {"the defaults", 0, 0, 1, 0, 0, -1, -1},
+      {"no comb branch (GLM53_GPU_BRANCH=0)", 0, 0, 1, 0, 0, 0, -1},
+      {"route and grouping apart (GLM53_GPU_ROUTE_GROUP=0)", 0, 0, 1, 0, 0, -1, 0},
+      {"neither", 0, 0, 1, 0, 0, 0, 0},
+  };
+  for (int round = 0; round < 2; round++)
+    for (size_t i = 0; i < sizeof vs / sizeof *vs; i++) {
+      const double dt = decode_variant(m, &vs[i], steps, tok, logits);
+      printf("decode @ctx 64 (round %d), %s: %.2f ms/token = %.1f tok/s (%.1f%% of copy bw)\n", round + 1, vs[i].what,
+             dt * 1e3, 1 / dt, 100.0 * dbytes / dt / 1e9 / bw);
+    }
 }
 
 /* decode at short context for several routed-expert budgets */
@@ -233,6 +256,7 @@ int main(int argc, char **argv) {
          mode, E, dt * 1e3, 1 / dt, dbytes / 1e9, dbytes / dt / 1e9, 100.0 * dbytes / dt / 1e9 / bw);
   printf("L2 prefetch: GEMV %d bytes per row before its wait, experts %.0f MB at routing, PDL trigger %s\n", gk_gemv_l2pf(),
          gk_expert_l2pf() / 1048576.0, gk_pdl_early() ? "early" : "late");
+  decode_ab(m, steps, tok, logits, dbytes, bw);
   if (gk_pdl_supported() && !quick) { /* the L2 prefetch settings and KDA layouts, then no programmatic dependent launch (fresh sessions: their own graphs) */
     decode_sweep(m, steps, tok, logits, dbytes, bw);
     gk_force_pdl_off(1);

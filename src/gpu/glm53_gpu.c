@@ -829,8 +829,8 @@ static int mla_body(const glm53_config *c, const gmla *w, const gk_batch *b, act
     p1[n1++] = (gk_prod){.W = &w->gate, .y = A->kg, .ldy = hd};
   }
   TRY(gk_matmul_multi(p1, n1, A->y, T, D));
-  TRY(gk_rmsnorm(A->r, ql, A->r, ql, w->q_a_norm, T, ql, c->rms_norm_eps));
-  TRY(gk_rmsnorm(A->ckv, kl, A->ckv, kl, w->kv_a_norm, T, kl, c->rms_norm_eps));
+  TRY(gk_rmsnorm2((gk_norm_rows){A->r, ql, A->r, ql, w->q_a_norm, ql}, (gk_norm_rows){A->ckv, kl, A->ckv, kl, w->kv_a_norm, kl},
+                  T, c->rms_norm_eps));
   gk_prod p2[2] = {{.W = &w->q_b, .y = A->q, .ldy = H * nope}};
   if (w->has_idx) p2[1] = (gk_prod){.W = &w->wq_b, .y = A->iq, .ldy = c->index_n_heads * c->index_head_dim};
   /* long chunks: the query product on the side stream beside the indexer */
@@ -1030,11 +1030,18 @@ static int moe_body(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
   /* decode: the route launch also prefetches the selected experts into L2
    * (every expert of this layer is resident here): they arrive while the
    * shared expert's down product and the grouping run */
-  TRY(gk_moe_route_pf(A->logits, G->bias, T, E, k, c->n_group, c->topk_group, c->norm_topk_prob,
-                      c->routed_scaling_factor, A->idx, A->wt, T < gk_gemm_min() ? G->d_exp : NULL));
-  if (T < gk_gemm_min()) { /* decode: pairs grouped per expert on the device, each expert's weights read once */
+  const int dec = T < gk_gemm_min();
+  /* one token: the route launch also groups the pairs per expert */
+  int need_group = 1;
+  if (dec)
+    TRY((need_group = gk_moe_route_group(A->logits, G->bias, T, E, k, c->n_group, c->topk_group, c->norm_topk_prob,
+                                         c->routed_scaling_factor, A->idx, A->wt, G->d_exp, A->grp)) < 0);
+  if (need_group)
+    TRY(gk_moe_route_pf(A->logits, G->bias, T, E, k, c->n_group, c->topk_group, c->norm_topk_prob,
+                        c->routed_scaling_factor, A->idx, A->wt, dec ? G->d_exp : NULL));
+  if (dec) { /* decode: pairs grouped per expert on the device, each expert's weights read once */
     TRY(gk_matmul(&G->shared.down, A->sg, T, Is, A->a, D));
-    TRY(gk_expert_group(A->idx, np, E, A->grp));
+    if (need_group) TRY(gk_expert_group(A->idx, np, E, A->grp));
     TRY(gk_experts_grouped(G->d_exp, 0, 1, lim, G->efmt, I, D, A->grp, A->idx, np, E, k, 1, A->y, D, A->pg, I, A->pu));
     return gk_experts_grouped(G->d_exp, 2, 0, 0.f, G->efmt, D, I, A->grp, A->idx, np, E, k, 0, A->pg, I, A->eo, D, NULL);
   }
@@ -1098,8 +1105,18 @@ static int site(const glm53_config *c, const ghc *hw, const float *norm_w, acts 
   /* long chunks: y also in bf16, which every cuBLAS product of y (and the
    * MoE gather) then reads instead of converting y again */
   void *y16 = T >= gk_gemm_min() && gk_have_blas() && gk_xb_alias_on() ? A->y16 : NULL;
-  TRY(gk_mhc_pre(A->X, A->mixraw, rc ? NULL : A->ssq, hw->base, hw->scale, norm_w, T, hc, D, c->hc_sinkhorn_iters, c->hc_eps,
-                 c->rms_norm_eps, A->post, A->comb, A->y, y16));
+  const float *ssq = rc ? NULL : A->ssq;
+  /* a captured decode step: comb (the Sinkhorn, the pre's longest chain)
+   * on a graph branch beside the sublayer, joined before the post reads it */
+  int br = 0;
+  if (T < gk_gemm_min()) TRY((br = gk_branch_fork()) < 0);
+  if (br) {
+    TRY(gk_mhc_comb(A->X, A->mixraw, ssq, hw->base, hw->scale, norm_w, T, hc, D, c->hc_sinkhorn_iters, c->hc_eps,
+                    c->rms_norm_eps, A->comb, A->y, y16));
+    TRY(gk_branch_back());
+  }
+  TRY(gk_mhc_pre(A->X, A->mixraw, ssq, hw->base, hw->scale, norm_w, T, hc, D, c->hc_sinkhorn_iters, c->hc_eps,
+                 c->rms_norm_eps, A->post, br ? NULL : A->comb, A->y, y16));
   gk_xb_alias(A->y, T, D, y16); /* replaces the previous site's (y16 NULL: clears it); record() clears on exit */
   return 0;
 }
@@ -1108,6 +1125,7 @@ static int site(const glm53_config *c, const ghc *hw, const float *norm_w, acts 
  * mixraw / ssq now hold that projection, 0 when the post ran alone, -1. */
 static int post_then_proj(const glm53_config *c, const ghc *next, acts *A, int T, int moe) {
   const int D = c->hidden_size, hc = c->hc_mult, k = c->num_experts_per_tok;
+  TRY(gk_branch_join()); /* comb, when the site computed it on a branch */
   int rc = 1;
   if (next && T >= MHC_PROJ_MIN && mhc_proj_on() && !(moe && A->eo16)) /* (its combine reads fp32 rows) */
     TRY((rc = gk_mhc_post_proj(A->X, A->a, moe ? A->eo : NULL, A->erow, A->idx, A->wt, k, A->post, A->comb, T, hc, D,
@@ -1136,8 +1154,9 @@ static int record_body(const fwd *f);
  * y's bf16 alias (site) lives inside one forward only. */
 static int record(const fwd *f) {
   gk_xb_alias(NULL, 0, 0, NULL);
-  const int rc = record_body(f);
+  int rc = record_body(f);
   gk_xb_alias(NULL, 0, 0, NULL);
+  if (gk_branch_join()) rc = -1; /* (after a failure inside a site's branch) */
   return rc;
 }
 static int record_body(const fwd *f) {

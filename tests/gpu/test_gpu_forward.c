@@ -80,6 +80,20 @@ static void check_model(int topk, int kpool, int shared, uint64_t seed) {
     } else {
       printf("PDL not supported on this device/build: on/off comparison skipped\n");
     }
+    /* the decode graph's branch (comb beside the sublayer, gk_branch_fork)
+     * and the route launch that also groups the pairs change which launch
+     * computes what, never the bits: the all-decode pattern (graph replays;
+     * each run a new session, so a new capture) with both off and on */
+    gk_set_branch(0);
+    gk_set_route_group(0);
+    fx_run_chunks(m, tok, n, patterns[0], alt);
+    gk_set_branch(-1);
+    gk_set_route_group(-1);
+    fx_run_chunks(m, tok, n, patterns[0], other);
+    CHECK(memcmp(alt, other, (size_t)n * V * 4) == 0, "mode %d: decode with the comb branch and the grouping route differs",
+          mode);
+    printf("topk=%d kpool=%d %s: decode without / with the comb branch and the grouping route bitwise identical\n", topk,
+           kpool, mode ? "gemv" : "cublas");
   }
   gk_set_gemm_min(0);
   free(tok); free(cpu); free(full); free(other); free(alt);

@@ -470,6 +470,60 @@ static void grouped_case(int fmt, int group, int I, int D) {
   gk_free(dset); gk_free(dx); gk_free(g1); gk_free(u1); gk_free(g2); gk_free(o1); gk_free(o2); gk_free(didx); gk_free(grp);
 }
 
+/* gk_rmsnorm2 (the MLA's q_a and kv_a norms in one launch) against two
+ * gk_rmsnorm calls (bitwise) and the CPU rmsnorm (1e-6); in place, as the
+ * MLA calls it, with ld > n for the second set */
+static void rmsnorm2_case(int T, int n1, int n2) {
+  const int ld2 = n2 + 3;
+  float *h1 = NULL, *h2 = NULL, *hw1 = NULL, *hw2 = NULL;
+  float *x1 = dvec((size_t)T * n1, -2, 2, &h1), *x2 = dvec((size_t)T * ld2, -2, 2, &h2);
+  float *w1 = dvec(n1, 0.5f, 1.5f, &hw1), *w2 = dvec(n2, 0.5f, 1.5f, &hw2);
+  float *y1 = dcopy(h1, (size_t)T * n1 * 4), *y2 = dcopy(h2, (size_t)T * ld2 * 4);
+  int rc = gk_rmsnorm(y1, n1, y1, n1, w1, T, n1, 1e-5f) || gk_rmsnorm(y2, ld2, y2, ld2, w2, T, n2, 1e-5f) ||
+           gk_rmsnorm2((gk_norm_rows){x1, n1, x1, n1, w1, n1}, (gk_norm_rows){x2, ld2, x2, ld2, w2, n2}, T, 1e-5f);
+  const int same = !rc && dsame(x1, y1, (size_t)T * n1) && dsame(x2, y2, (size_t)T * ld2);
+  float *g = xmalloc((size_t)T * ld2 * 4 + (size_t)T * n1 * 4), *r = xmalloc((size_t)(n1 > n2 ? n1 : n2) * 4);
+  double e = rc || gk_d2h(g, x1, (size_t)T * n1 * 4) ? INFINITY : 0;
+  for (int t = 0; t < T && e < INFINITY; t++) {
+    rmsnorm(r, h1 + (size_t)t * n1, hw1, n1, 1e-5f);
+    const double d = rel(g + (size_t)t * n1, r, (size_t)n1);
+    if (d > e) e = d;
+  }
+  CHECK(rc == 0 && same && e <= 1e-6, "rmsnorm2 (%d rows of %d and %d): rc %d bitwise %d, vs CPU %.3g (tol 1e-6)", T, n1, n2, rc,
+        same, e);
+  printf("rmsnorm of two row sets in one launch, %d rows of %d and %d: bitwise as two launches %s, vs CPU %.2g (tol 1e-6)\n",
+         T, n1, n2, same ? "yes" : "NO", e);
+  free(g); free(r); free(h1); free(h2); free(hw1); free(hw2);
+  gk_free(x1); gk_free(x2); gk_free(w1); gk_free(w2); gk_free(y1); gk_free(y2);
+}
+
+/* gk_moe_route_group (one token: the route launch also groups the pairs)
+ * against gk_moe_route_pf + gk_expert_group: the same ids, weights and
+ * grouping ints; E experts in G groups, top-k */
+static void route_group_case(int E, int k, int G, int topk_group) {
+  float *lg = dvec((size_t)E, -4, 4, NULL), *bias = dvec((size_t)E, -0.5f, 0.5f, NULL);
+  const size_t ng = gk_expert_group_ints(k, E);
+  int *i1 = gk_malloc((size_t)k * 4), *i2 = gk_malloc((size_t)k * 4), *g1 = gk_malloc(ng * 4), *g2 = gk_malloc(ng * 4);
+  float *w1 = gk_malloc((size_t)k * 4), *w2 = gk_malloc((size_t)k * 4);
+  int rc = gk_memset(g1, 0x5a, ng * 4) || gk_memset(g2, 0x5a, ng * 4); /* same filler: unused ints compare too */
+  rc |= gk_moe_route_pf(lg, bias, 1, E, k, G, topk_group, 1, 2.5f, i1, w1, NULL) || gk_expert_group(i1, k, E, g1);
+  const int r2 = gk_moe_route_group(lg, bias, 1, E, k, G, topk_group, 1, 2.5f, i2, w2, NULL, g2);
+  const int dec2 = gk_moe_route_group(lg, bias, 2, E, k, G, topk_group, 1, 2.5f, i2, w2, NULL, g2); /* 2 tokens: declined */
+  gk_set_route_group(0);
+  const int off = gk_moe_route_group(lg, bias, 1, E, k, G, topk_group, 1, 2.5f, i2, w2, NULL, g2);
+  gk_set_route_group(-1);
+  int *h1 = xmalloc(ng * 4), *h2 = xmalloc(ng * 4);
+  const int same = !rc && r2 == 0 && dsame((const float *)i1, (const float *)i2, (size_t)k) && dsame(w1, w2, (size_t)k) &&
+                   !gk_d2h(h1, g1, ng * 4) && !gk_d2h(h2, g2, ng * 4) && !memcmp(h1, h2, ng * 4);
+  CHECK(same, "route + grouping in one launch, E %d top-%d groups %d/%d: differs from route + gk_expert_group (rc %d/%d: %s)",
+        E, k, topk_group, G, rc, r2, gk_error());
+  CHECK(dec2 == 1 && off == 1, "route + grouping: not declined for 2 tokens (%d) or when off (%d)", dec2, off);
+  printf("moe route + grouping in one launch   E %3d top-%d groups %d/%d: groups %d, ints bitwise %s\n", E, k, topk_group, G,
+         h1[0], same ? "yes" : "NO");
+  free(h1); free(h2);
+  gk_free(lg); gk_free(bias); gk_free(i1); gk_free(i2); gk_free(g1); gk_free(g2); gk_free(w1); gk_free(w2);
+}
+
 /* gk_kda_recur_gated against gk_kda_gate + gk_kda_recur (output and state) */
 static void kda_gated_case(float lb, int T) {
   const int H = 3, hd = 64, inner = H * hd, ch = 3 * inner;
@@ -661,6 +715,26 @@ static void mhc_pre_case(int T, int D) {
   }
   gk_free(dy16);
   free(hy16);
+  { /* comb on its own (gk_mhc_comb, a decode graph's branch) and the pre
+     * without it: the same bits as the pre that does both */
+    float *dy2 = gk_malloc((size_t)T * D * 4), *dp2 = gk_malloc((size_t)T * hc * 4), *dc2 = gk_malloc((size_t)T * hc * hc * 4);
+    const int rc2 =
+        gk_memset(dc2, 0, (size_t)T * hc * hc * 4) ||
+        gk_mhc_pre(dX, dmix, NULL, dbase, dsc, dnw, T, hc, D, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, dp2, NULL, dy2, NULL);
+    float *hc2 = xmalloc((size_t)T * hc * hc * 4);
+    int untouched = !rc2 && !gk_d2h(hc2, dc2, (size_t)T * hc * hc * 4);
+    for (int i = 0; i < T * hc * hc && untouched; i++) untouched = hc2[i] == 0.f;
+    const int rc3 = rc2 || gk_mhc_comb(dX, dmix, NULL, dbase, dsc, dnw, T, hc, D, c.hc_sinkhorn_iters, c.hc_eps,
+                                       c.rms_norm_eps, dc2, dy2, NULL);
+    const int same = !rc3 && dsame(dy2, dy, (size_t)T * D) && dsame(dp2, dpost, (size_t)T * hc) &&
+                     dsame(dc2, dcomb, (size_t)T * hc * hc);
+    CHECK(same && untouched, "mhc pre D %d: comb apart (gk_mhc_comb) differs (rc %d: %s) or the pre wrote comb (%d)", D, rc3,
+          gk_error(), !untouched);
+    printf("mhc pre, %d tokens, D %d: comb apart + pre without it bitwise as the pre alone: %s\n", T, D,
+           same && untouched ? "yes" : "NO");
+    free(hc2);
+    gk_free(dy2); gk_free(dp2); gk_free(dc2);
+  }
   if (T >= 64) { /* long launches (from 1024 tokens) cache the streams in shared memory: the same bits as 2 tokens alone */
     float *dy2 = gk_malloc((size_t)2 * D * 4), *dp2 = gk_malloc((size_t)2 * hc * 4), *dc2 = gk_malloc((size_t)2 * hc * hc * 4);
     const int rc2 =
@@ -1492,6 +1566,11 @@ int main(void) {
     grouped_case(WMAT_Q8, 32, 96, 1024);
     grouped_case(WMAT_BF16, 0, 130, 520);
     grouped_case(WMAT_F32, 0, 40, 1000);
+    rmsnorm2_case(1, 1536, 512);
+    rmsnorm2_case(5, 2048, 512);
+    route_group_case(16, 8, 1, 1);
+    route_group_case(288, 8, 8, 4);
+    route_group_case(5, 8, 1, 1); /* top-k above the expert count: pairs routed to -1 */
     gk_set_gemm_min(0);
     kda_gated_case(-5.0f, 6);  /* the gate computed as tiles are read */
     kda_gated_case(NAN, 6);

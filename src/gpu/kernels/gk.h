@@ -174,6 +174,7 @@ int gk_gate_up(const gpu_mat *Wg, const gpu_mat *Wu, const float *x, int n, int 
  * pairs with idx < 0 get zeros. */
 size_t gk_expert_group_ints(int npairs, int E);
 int gk_expert_group(const int *idx, int npairs, int E, int *grp);
+int gk_expert_group_max(int npairs, int E); /* the group slots grp holds (before its pair list) */
 int gk_experts_grouped(const gpu_mat *d_wset, int which, int gu, float limit, int fmt, int rows, int cols, const int *grp,
                        const int *idx, int npairs, int E, int k, int xpt, const float *x, int ldx, float *y, int ldy,
                        float *u);
@@ -216,6 +217,9 @@ int gk_matmul_heads(const gpu_mat *h_mats, const gpu_mat *d_mats, int H, const f
 int gk_embed(const gpu_mat *E, const int32_t *tok, int T, int hc, float *X);
 /* y[t] = w * x[t] / rms(x[t]) (w may be NULL) */
 int gk_rmsnorm(float *y, int ldy, const float *x, int ldx, const float *w, int T, int n, float eps);
+/* two gk_rmsnorm calls of T rows each in one launch, the same bits */
+typedef struct { float *y; int ldy; const float *x; int ldx; const float *w; int n; } gk_norm_rows;
+int gk_rmsnorm2(gk_norm_rows a, gk_norm_rows b, int T, float eps);
 int gk_layernorm(float *y, int ldy, const float *x, int ldx, const float *w, const float *b, int T, int n, float eps);
 int gk_swiglu(float *g, const float *u, size_t n, float limit);  /* g = swiglu(g, u) */
 /* the same on rows p (of n elements) whose idx[p] == only */
@@ -227,7 +231,22 @@ int gk_mhc_pre(const float *X, const float *mixraw, const float *ssq, const floa
                const float *norm_w, int T, int hc, int D, int iters, float hc_eps, float rms_eps, float *post, float *comb,
                float *y, void *y16);
 /* y16 (8-byte aligned, or NULL): y's rows also in bf16 (the rounding
- * gk_matmul's cuBLAS path gives its x), for gk_xb_alias */
+ * gk_matmul's cuBLAS path gives its x), for gk_xb_alias; comb NULL: the
+ * pre leaves comb to gk_mhc_comb */
+/* comb alone, the bits gk_mhc_pre with the same arguments writes (a decode
+ * graph runs it on a branch beside the sublayer: gk_branch_fork) */
+int gk_mhc_comb(const float *X, const float *mixraw, const float *ssq, const float *base, const float *scale,
+                const float *norm_w, int T, int hc, int D, int iters, float hc_eps, float rms_eps, float *comb,
+                const float *y, const void *y16);
+/* A branch of a graph being captured on the compute stream: between
+ * gk_branch_fork (1: forked; 0: not capturing, HIP, or GLM53_GPU_BRANCH=0 /
+ * gk_set_branch(0)) and gk_branch_back the launches go to a second stream
+ * that starts after the work launched so far; gk_branch_join makes the
+ * compute stream's next launches wait for it (a no-op when none is open). */
+int gk_branch_fork(void);
+int gk_branch_back(void);
+int gk_branch_join(void);
+void gk_set_branch(int on); /* -1: GLM53_GPU_BRANCH (default on) */
 /* mixraw = fn . X and ssq[T] in one pass over X (fp32, another summation
  * order than gk_matmul): 0, -1, or 1 when fn is not f32 [24][4 D] (hc 4) */
 int gk_mhc_proj(const gpu_mat *fn, const float *X, int T, int hc, int D, float *mixraw, float *ssq);
@@ -498,6 +517,12 @@ int gk_moe_route(const float *logits, const float *bias, int T, int E, int k, in
  * (gk_set_expert_l2pf) for single-token launches; wset NULL: gk_moe_route */
 int gk_moe_route_pf(const float *logits, const float *bias, int T, int E, int k, int G, int topk_group, int norm,
                     float scaling, int *idx, float *wt, const gpu_mat *wset);
+/* gk_moe_route_pf for one token that also writes grp as gk_expert_group
+ * would (same ints): one launch fewer per MoE layer at decode. 1: declined
+ * (T != 1, or GLM53_GPU_ROUTE_GROUP=0 / gk_set_route_group(0)), 0, -1 */
+int gk_moe_route_group(const float *logits, const float *bias, int T, int E, int k, int G, int topk_group, int norm,
+                       float scaling, int *idx, float *wt, const gpu_mat *wset, int *grp);
+void gk_set_route_group(int on); /* -1: GLM53_GPU_ROUTE_GROUP (default on) */
 int gk_moe_combine(float *out, const float *eo, const int *idx, const float *wt, int T, int k, int D);
 int gk_gather_rows(float *dst, const float *src, const int *rows, int n, int D);
 int gk_scatter_rows(float *dst, const float *src, const int *rows, int n, int D);

@@ -218,6 +218,56 @@ extern "C" int gk_side_back(void) { return 0; }
 extern "C" int gk_side_join(void) { return 0; }
 #endif
 
+/* ---- a branch of a decode graph (gk.h gk_branch_fork) ----
+ * Captured only: the fork and join become graph edges, so they cost
+ * nothing per replay (direct launches would pay two event calls a site). */
+static int g_branch_env = -1;
+extern "C" void gk_set_branch(int on) { g_branch_env = on < 0 ? -1 : !!on; }
+#if !GK_HIP
+static cudaStream_t g_br;
+static cudaEvent_t g_br_ev[2]; /* the fork point, the end of the branch */
+static int g_br_ok, g_br_open, g_br_on;
+extern "C" int gk_branch_fork(void) {
+  if (g_branch_env < 0) g_branch_env = !(getenv("GLM53_GPU_BRANCH") && !strcmp(getenv("GLM53_GPU_BRANCH"), "0"));
+  if (!g_branch_env || g_br_open || g_on_side) return 0;
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(cudaStreamPerThread, &cs) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  if (cs != cudaStreamCaptureStatusActive) return 0;
+  if (!g_br_ok) { /* each piece once, so that a failed start leaks nothing when retried */
+    if (!g_br) GK_TRY(cudaStreamCreateWithFlags(&g_br, cudaStreamNonBlocking));
+    for (int i = 0; i < 2; i++)
+      if (!g_br_ev[i]) GK_TRY(cudaEventCreateWithFlags(&g_br_ev[i], cudaEventDisableTiming));
+    g_br_ok = 1;
+  }
+  GK_TRY(cudaEventRecord(g_br_ev[0], cudaStreamPerThread));
+  GK_TRY(cudaStreamWaitEvent(g_br, g_br_ev[0], 0));
+  g_br_open = g_br_on = 1;
+  g_gk_stream = g_br;
+  return 1;
+}
+extern "C" int gk_branch_back(void) {
+  if (!g_br_on) return 0;
+  g_br_on = 0;
+  g_gk_stream = cudaStreamPerThread;
+  GK_TRY(cudaEventRecord(g_br_ev[1], g_br));
+  return 0;
+}
+extern "C" int gk_branch_join(void) {
+  if (!g_br_open) return 0;
+  const int rc = gk_branch_back();
+  g_br_open = 0;
+  GK_TRY(cudaStreamWaitEvent(cudaStreamPerThread, g_br_ev[1], 0));
+  return rc;
+}
+#else
+extern "C" int gk_branch_fork(void) { return 0; }
+extern "C" int gk_branch_back(void) { return 0; }
+extern "C" int gk_branch_join(void) { return 0; }
+#endif
+
 static int g_gemm_min = -1;
 extern "C" int gk_gemm_min(void) {
   if (g_gemm_min < 0) {

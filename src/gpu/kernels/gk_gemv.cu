@@ -751,6 +751,7 @@ static int group_max(int npairs, int E, int ntk) {
   const int m = npairs < E ? npairs : E;
   return m + (npairs - m) / ntk;
 }
+extern "C" int gk_expert_group_max(int npairs, int E) { return group_max(npairs, E, gk_group_ntk(npairs, E)); }
 extern "C" size_t gk_expert_group_ints(int npairs, int E) {
   return 1 + 3 * (size_t)group_max(npairs, E, 1) + (size_t)npairs;
 }

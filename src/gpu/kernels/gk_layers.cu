@@ -40,20 +40,33 @@ extern "C" int gk_embed(const gpu_mat *E, const int32_t *tok, int T, int hc, flo
 }
 
 /* ---- norms (ops.h rmsnorm / layernorm) ---- */
-__global__ void rmsnorm_k(float *y, int ldy, const float *x, int ldx, const float *w, int n, float eps) {
-  GK_PDL_BEGIN();
+__device__ __forceinline__ void rmsnorm_row(float *yr, const float *xr, const float *w, int n, float eps) {
   __shared__ float sh[32];
-  const float *xr = x + (size_t)blockIdx.x * ldx;
-  float *yr = y + (size_t)blockIdx.x * ldy;
   float ss = 0;
   for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
   ss = block_sum(ss, sh);
   float r = 1.0f / sqrtf(ss / n + eps);
   for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = (w ? w[i] : 1.0f) * (xr[i] * r);
 }
+__global__ void rmsnorm_k(float *y, int ldy, const float *x, int ldx, const float *w, int n, float eps) {
+  GK_PDL_BEGIN();
+  rmsnorm_row(y + (size_t)blockIdx.x * ldy, x + (size_t)blockIdx.x * ldx, w, n, eps);
+}
 extern "C" int gk_rmsnorm(float *y, int ldy, const float *x, int ldx, const float *w, int T, int n, float eps) {
   if (T <= 0) return 0;
   gk_launch(rmsnorm_k, T, 256, 0, y, ldy, x, ldx, w, n, eps);
+  return GK_LAUNCHED("rmsnorm");
+}
+/* two row sets in one launch (blocks [0, T) the first, [T, 2T) the second) */
+__global__ void rmsnorm2_k(gk_norm_rows a, gk_norm_rows b, int T, float eps) {
+  GK_PDL_BEGIN();
+  const gk_norm_rows &p = (int)blockIdx.x < T ? a : b;
+  const int t = (int)blockIdx.x < T ? (int)blockIdx.x : (int)blockIdx.x - T;
+  rmsnorm_row(p.y + (size_t)t * p.ldy, p.x + (size_t)t * p.ldx, p.w, p.n, eps);
+}
+extern "C" int gk_rmsnorm2(gk_norm_rows a, gk_norm_rows b, int T, float eps) {
+  if (T <= 0) return 0;
+  gk_launch(rmsnorm2_k, 2 * T, 256, 0, a, b, T, eps);
   return GK_LAUNCHED("rmsnorm");
 }
 __global__ void layernorm_k(float *y, int ldy, const float *x, int ldx, const float *w, const float *b, int n, float eps) {
@@ -153,6 +166,40 @@ __device__ __forceinline__ float4 mhc_collapse4(const float4 *X4, const float *p
   s2 += a.w * a.w;
   return a;
 }
+/* warp 0 of token t's block: the Sinkhorn of its mixing logits (r: the
+ * rms factor of its streams) into combt; HC: sv, sb, ss2 are lane's logit
+ * input, base and scale[2], loaded up front by the caller */
+template <int HC>
+__device__ __forceinline__ void mhc_sinkhorn_warp(const float *mu, const float *base, const float *scale, float r, int hc,
+                                                  int iters, float hc_eps, float *combt, float sv, float sb, float ss2) {
+  const int lane = threadIdx.x & 31;
+  if (hc * hc <= 32) { /* lane (g, h) holds L[g][h]; the serial path's operations in its order */
+    const int nn = hc * hc, g = lane / hc, h = lane % hc;
+    float v = lane >= nn ? 0.f : HC ? ss2 * (sv * r) + sb : scale[2] * (mu[2 * hc + lane] * r) + base[2 * hc + lane];
+    float mx = __shfl_sync(0xffffffffu, v, g * hc);
+    for (int j = 1; j < hc; j++) mx = fmaxf(mx, __shfl_sync(0xffffffffu, v, g * hc + j));
+    const float e = expf(v - mx);
+    float s = 0;
+    for (int j = 0; j < hc; j++) s += __shfl_sync(0xffffffffu, e, g * hc + j);
+    v = e / s + hc_eps;
+    for (int it = 0; it < iters; it++) {
+      if (it > 0) {
+        s = 0;
+        for (int j = 0; j < hc; j++) s += __shfl_sync(0xffffffffu, v, g * hc + j);
+        v /= s + hc_eps;
+      }
+      s = 0;
+      for (int j = 0; j < hc; j++) s += __shfl_sync(0xffffffffu, v, j * hc + h);
+      v /= s + hc_eps;
+    }
+    if (lane < nn) combt[lane] = v;
+  } else if (lane == 0) { /* one thread: hc above 5 */
+    float L[MAX_HC * MAX_HC];
+    for (int k = 0; k < hc * hc; k++) L[k] = scale[2] * (mu[2 * hc + k] * r) + base[2 * hc + k];
+    sinkhorn_dev(L, hc, iters, hc_eps);
+    for (int k = 0; k < hc * hc; k++) combt[k] = L[k];
+  }
+}
 template <bool VEC, bool CACHE, int HC>
 __global__ void mhc_pre_k(const float *X, const float *mixraw, const float *ssq, const float *base, const float *scale,
                           const float *norm_w, int hc_, int D, int iters, float hc_eps, float rms_eps, float *post, float *comb,
@@ -177,8 +224,8 @@ __global__ void mhc_pre_k(const float *X, const float *mixraw, const float *ssq,
     for (int i = 0; i < H1; i++) hm[i] = mu[i], hb[i] = base[i];
     hs0 = scale[0];
     if ((int)threadIdx.x < HC) pm = mu[HC + threadIdx.x], pb = base[HC + threadIdx.x], ps1 = scale[1];
-    if (w == 0 && lane < HC * HC) sv = mu[2 * HC + lane], sb = base[2 * HC + lane];
-    if (w == 0) ss2 = scale[2];
+    if (comb && w == 0 && lane < HC * HC) sv = mu[2 * HC + lane], sb = base[2 * HC + lane];
+    if (comb && w == 0) ss2 = scale[2];
   }
   float ss = 0;
   if (ssq) { /* gk_mhc_proj's sum of squares: no first pass over X */
@@ -215,32 +262,7 @@ __global__ void mhc_pre_k(const float *X, const float *mixraw, const float *ssq,
   float *yt = y + (size_t)t * D;
   float4 yr[MHC_YK];
   if (w == 0) {
-    if (hc * hc <= 32) { /* lane (g, h) holds L[g][h]; the serial path's operations in its order */
-      const int nn = hc * hc, g = lane / hc, h = lane % hc;
-      float v = lane >= nn ? 0.f : HC ? ss2 * (sv * r) + sb : scale[2] * (mu[2 * hc + lane] * r) + base[2 * hc + lane];
-      float mx = __shfl_sync(0xffffffffu, v, g * hc);
-      for (int j = 1; j < hc; j++) mx = fmaxf(mx, __shfl_sync(0xffffffffu, v, g * hc + j));
-      const float e = expf(v - mx);
-      float s = 0;
-      for (int j = 0; j < hc; j++) s += __shfl_sync(0xffffffffu, e, g * hc + j);
-      v = e / s + hc_eps;
-      for (int it = 0; it < iters; it++) {
-        if (it > 0) {
-          s = 0;
-          for (int j = 0; j < hc; j++) s += __shfl_sync(0xffffffffu, v, g * hc + j);
-          v /= s + hc_eps;
-        }
-        s = 0;
-        for (int j = 0; j < hc; j++) s += __shfl_sync(0xffffffffu, v, j * hc + h);
-        v /= s + hc_eps;
-      }
-      if (lane < nn) comb[(size_t)t * nn + lane] = v;
-    } else if (lane == 0) { /* one thread: hc above 5 */
-      float L[MAX_HC * MAX_HC];
-      for (int k = 0; k < hc * hc; k++) L[k] = scale[2] * (mu[2 * hc + k] * r) + base[2 * hc + k];
-      sinkhorn_dev(L, hc, iters, hc_eps);
-      for (int k = 0; k < hc * hc; k++) comb[(size_t)t * hc * hc + k] = L[k];
-    }
+    if (comb) mhc_sinkhorn_warp<HC>(mu, base, scale, r, hc, iters, hc_eps, comb + (size_t)t * hc * hc, sv, sb, ss2);
   } else if (VEC) {
     float s2 = 0;
 #pragma unroll
@@ -303,6 +325,63 @@ __global__ void mhc_pre_k(const float *X, const float *mixraw, const float *ssq,
     }
   }
 }
+/* The comb matrix alone (gk_mhc_comb): the sum of squares and the Sinkhorn
+ * exactly as mhc_pre_k computes them (same block size, loop and sums, so
+ * the same bits), for a decode graph's branch beside the sublayer: the
+ * post is the first reader of comb, so the Sinkhorn's latency chain
+ * leaves the pre's path. */
+#define MHC_PRE_THREADS 256
+template <bool VEC, int HC>
+__global__ void __launch_bounds__(MHC_PRE_THREADS)
+    mhc_comb_k(const float *X, const float *mixraw, const float *ssq, const float *base, const float *scale, int hc_, int D,
+               int iters, float hc_eps, float rms_eps, float *comb) {
+  GK_PDL_BEGIN();
+  __shared__ float sh[32];
+  const int hc = HC ? HC : hc_, t = blockIdx.x, n = hc * D, lane = threadIdx.x & 31;
+  const float *Xt = X + (size_t)t * n, *mu = mixraw + (size_t)t * (2 + hc) * hc;
+  float ss = 0;
+  if (ssq) {
+  } else if (VEC) {
+#pragma unroll 16
+    for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
+      const float4 v = ((const float4 *)Xt)[i];
+      ss += v.x * v.x;
+      ss += v.y * v.y;
+      ss += v.z * v.z;
+      ss += v.w * v.w;
+    }
+  } else {
+#pragma unroll 8
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += Xt[i] * Xt[i];
+  }
+  ss = ssq ? ssq[t] : block_sum(ss, sh);
+  if (threadIdx.x >= 32) return;
+  const float r = 1.0f / sqrtf(ss / n + rms_eps);
+  float sv = 0.f, sb = 0.f, ss2 = 0.f;
+  if (HC) {
+    if (lane < HC * HC) sv = mu[2 * HC + lane], sb = base[2 * HC + lane];
+    ss2 = scale[2];
+  }
+  mhc_sinkhorn_warp<HC>(mu, base, scale, r, hc, iters, hc_eps, comb + (size_t)t * hc * hc, sv, sb, ss2);
+}
+static bool mhc_vec(int D, const float *X, const float *y, const float *norm_w, const void *y16) {
+  return D % 4 == 0 && (uintptr_t)X % 16 == 0 && (uintptr_t)y % 16 == 0 && (uintptr_t)norm_w % 16 == 0 &&
+         (uintptr_t)y16 % 8 == 0;
+}
+extern "C" int gk_mhc_comb(const float *X, const float *mixraw, const float *ssq, const float *base, const float *scale,
+                           const float *norm_w, int T, int hc, int D, int iters, float hc_eps, float rms_eps,
+                           float *comb, const float *y, const void *y16) {
+  if (hc > MAX_HC) return gk_fail("mhc: hc_mult %d above %d", hc, MAX_HC);
+  if (T <= 0) return 0;
+  const bool vec = mhc_vec(D, X, y, norm_w, y16); /* the pre's choice of loop: the same sums */
+  if (vec && hc == 4)
+    gk_launch(mhc_comb_k<true, 4>, T, MHC_PRE_THREADS, 0, X, mixraw, ssq, base, scale, hc, D, iters, hc_eps, rms_eps, comb);
+  else if (vec)
+    gk_launch(mhc_comb_k<true, 0>, T, MHC_PRE_THREADS, 0, X, mixraw, ssq, base, scale, hc, D, iters, hc_eps, rms_eps, comb);
+  else
+    gk_launch(mhc_comb_k<false, 0>, T, MHC_PRE_THREADS, 0, X, mixraw, ssq, base, scale, hc, D, iters, hc_eps, rms_eps, comb);
+  return GK_LAUNCHED("mhc comb");
+}
 /* the cached form's dynamic shared memory opt-in (once per size) */
 static bool mhc_cache_smem(size_t bytes) {
   static size_t done;
@@ -320,8 +399,7 @@ extern "C" int gk_mhc_pre(const float *X, const float *mixraw, const float *ssq,
                           float *comb, float *y, void *y16_) {
   if (hc > MAX_HC) return gk_fail("mhc: hc_mult %d above %d", hc, MAX_HC);
   uint16_t *y16 = (uint16_t *)y16_;
-  const bool vec = D % 4 == 0 && (uintptr_t)X % 16 == 0 && (uintptr_t)y % 16 == 0 && (uintptr_t)norm_w % 16 == 0 &&
-                   (uintptr_t)y16 % 8 == 0;
+  const bool vec = mhc_vec(D, X, y, norm_w, y16);
   /* long chunks: the streams cached in shared memory between the two passes
    * (at prefill the second pass otherwise rereads X from memory: the blocks
    * in flight hold more than L2; below ~1K tokens it stays in L2); same
@@ -330,16 +408,16 @@ extern "C" int gk_mhc_pre(const float *X, const float *mixraw, const float *ssq,
   if (cache_on < 0) cache_on = !(getenv("GLM53_GPU_MHC_CACHE") && !strcmp(getenv("GLM53_GPU_MHC_CACHE"), "0"));
   const size_t xs = (size_t)hc * D * sizeof(float);
   if (vec && !ssq && cache_on && T >= 1024 && xs <= 96 * 1024 && mhc_cache_smem(xs))
-    gk_launch(mhc_pre_k<true, true, 0>, T, 256, xs, X, mixraw, ssq, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post,
+    gk_launch(mhc_pre_k<true, true, 0>, T, MHC_PRE_THREADS, xs, X, mixraw, ssq, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post,
               comb, y, y16);
   else if (vec && hc == 4) /* the model's 4 streams compiled in: the collapse's loads and the Sinkhorn's shuffles unrolled */
-    gk_launch(mhc_pre_k<true, false, 4>, T, 256, 0, X, mixraw, ssq, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post,
+    gk_launch(mhc_pre_k<true, false, 4>, T, MHC_PRE_THREADS, 0, X, mixraw, ssq, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post,
               comb, y, y16);
   else if (vec)
-    gk_launch(mhc_pre_k<true, false, 0>, T, 256, 0, X, mixraw, ssq, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post,
+    gk_launch(mhc_pre_k<true, false, 0>, T, MHC_PRE_THREADS, 0, X, mixraw, ssq, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post,
               comb, y, y16);
   else
-    gk_launch(mhc_pre_k<false, false, 0>, T, 256, 0, X, mixraw, ssq, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post,
+    gk_launch(mhc_pre_k<false, false, 0>, T, MHC_PRE_THREADS, 0, X, mixraw, ssq, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post,
               comb, y, y16);
   return GK_LAUNCHED("mhc_pre");
 }
@@ -1511,8 +1589,28 @@ __device__ __forceinline__ void route_prefetch(const gpu_mat *wset, const int *i
     gk_l2_prefetch((const char *)w.d + off, (unsigned)min((size_t)XPF_PIECE, m - off) & ~15u, true);
   }
 }
+/* grp (one token only, gk_moe_route_group): the pairs grouped per expert
+ * as gk_expert_group writes them for these k pairs: each expert has at
+ * most one pair, so every group holds one pair, in ascending expert id
+ * (gmax: group_max of the grouped launch) */
+__device__ __forceinline__ void route_group(const int *sid, int k, int gmax, int *grp) {
+  const int lane = threadIdx.x & 31;
+  int nsel = 0;
+  for (int i = 0; i < k; i++) nsel += sid[i] >= 0;
+  for (int j = lane; j < k; j += 32) {
+    const int e = sid[j];
+    if (e < 0) continue;
+    int rank = 0;
+    for (int i = 0; i < k; i++) rank += sid[i] >= 0 && sid[i] < e;
+    grp[1 + 3 * rank] = e;
+    grp[2 + 3 * rank] = 1;
+    grp[3 + 3 * rank] = rank;
+    grp[1 + 3 * gmax + rank] = j; /* the pair list: pair j of token 0 */
+  }
+  if (lane == 0) grp[0] = nsel;
+}
 __global__ void moe_route_k(const float *logits, const float *bias, int T, int E, int k, int G, int topk_group, int norm,
-                            float scaling, int *idx, float *wt, const gpu_mat *wset, long pfb) {
+                            float scaling, int *idx, float *wt, const gpu_mat *wset, long pfb, int *grp, int gmax) {
   GK_PDL_BEGIN();
   __shared__ float s_sig[ROUTE_WARPS][E_MAX], s_ch[ROUTE_WARPS][E_MAX], s_gs[ROUTE_WARPS][64];
   __shared__ int s_srt[ROUTE_WARPS][64], s_id[ROUTE_WARPS][64];
@@ -1562,6 +1660,7 @@ __global__ void moe_route_k(const float *logits, const float *bias, int T, int E
     __syncwarp();
   }
   if (wset && pfb > 0) route_prefetch(wset, sid, k, pfb / T, s_srt[w]);
+  if (grp) route_group(sid, k, gmax, grp);
   if (lane) return;
   double sum = 0;
   for (int i = 0; i < k; i++) sum += sid[i] >= 0 ? sig[sid[i]] : 0.0f;
@@ -1583,13 +1682,25 @@ extern "C" long gk_expert_l2pf(void) {
   if (g_xpf < 0) gk_set_expert_l2pf(-1);
   return g_xpf;
 }
-extern "C" int gk_moe_route_pf(const float *logits, const float *bias, int T, int E, int k, int G, int topk_group, int norm,
-                               float scaling, int *idx, float *wt, const gpu_mat *wset) {
+static int g_route_group = -1; /* GLM53_GPU_ROUTE_GROUP=0: gk_moe_route_group declines */
+extern "C" void gk_set_route_group(int on) { g_route_group = on < 0 ? -1 : !!on; }
+static int route_launch(const float *logits, const float *bias, int T, int E, int k, int G, int topk_group, int norm,
+                        float scaling, int *idx, float *wt, const gpu_mat *wset, int *grp) {
   if (E > E_MAX || G > 64 || k > 64) return gk_fail("moe: %d experts / %d groups / top-%d above the kernel's bounds", E, G, k);
   const long pfb = wset ? gk_expert_l2pf() : 0;
   gk_launch(moe_route_k, gk_blocks(T, ROUTE_WARPS), 32 * ROUTE_WARPS, 0, logits, bias, T, E, k, G, topk_group, norm,
-            scaling, idx, wt, pfb > 0 ? wset : (const gpu_mat *)NULL, pfb);
+            scaling, idx, wt, pfb > 0 ? wset : (const gpu_mat *)NULL, pfb, grp, grp ? gk_expert_group_max(k, E) : 0);
   return GK_LAUNCHED("moe_route");
+}
+extern "C" int gk_moe_route_pf(const float *logits, const float *bias, int T, int E, int k, int G, int topk_group, int norm,
+                               float scaling, int *idx, float *wt, const gpu_mat *wset) {
+  return route_launch(logits, bias, T, E, k, G, topk_group, norm, scaling, idx, wt, wset, NULL);
+}
+extern "C" int gk_moe_route_group(const float *logits, const float *bias, int T, int E, int k, int G, int topk_group,
+                                  int norm, float scaling, int *idx, float *wt, const gpu_mat *wset, int *grp) {
+  if (g_route_group < 0) g_route_group = !(getenv("GLM53_GPU_ROUTE_GROUP") && !strcmp(getenv("GLM53_GPU_ROUTE_GROUP"), "0"));
+  if (T != 1 || !g_route_group) return 1;
+  return route_launch(logits, bias, T, E, k, G, topk_group, norm, scaling, idx, wt, wset, grp) ? -1 : 0;
 }
 extern "C" int gk_moe_route(const float *logits, const float *bias, int T, int E, int k, int G, int topk_group, int norm,
                             float scaling, int *idx, float *wt) {
