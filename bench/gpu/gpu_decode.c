@@ -110,15 +110,14 @@ static void decode_sweep(glm53_model *m, int steps, const int32_t *tok, float *l
   }
 }
 
-/* the newest decode changes, each off in turn (GLM53_BENCH_QUICK too):
- * the comb branch and the grouping route launch; two rounds, interleaved,
- * for the drift */
+/* the newest decode changes (GLM53_BENCH_QUICK too): the comb branch
+ * (opt-in: measured slower) on, the grouping route launch off; two
+ * rounds, interleaved, for the drift */
 static void decode_ab(glm53_model *m, int steps, const int32_t *tok, float *logits, size_t dbytes, double bw) {
   static const decode_var vs[] = {
       {"the defaults", 0, 0, 1, 0, 0, -1, -1},
-      {"no comb branch (GLM53_GPU_BRANCH=0)", 0, 0, 1, 0, 0, 0, -1},
+      {"the comb branch (GLM53_GPU_BRANCH=1)", 0, 0, 1, 0, 0, 1, -1},
       {"route and grouping apart (GLM53_GPU_ROUTE_GROUP=0)", 0, 0, 1, 0, 0, -1, 0},
-      {"neither", 0, 0, 1, 0, 0, 0, 0},
   };
   for (int round = 0; round < 2; round++)
     for (size_t i = 0; i < sizeof vs / sizeof *vs; i++) {
@@ -328,9 +327,9 @@ int main(int argc, char **argv) {
    * the side stream on, the MoE GEMM form's outputs in fp32, the KDA q /
    * k / v products as one merged GEMM, the KDA projections in bf16, no
    * bf16 copy of y from the mHC pre, the MoE gather from a bf16 copy made
-   * right before it, and the defaults again (drift over the run); median
-   * of 3 each */
-  static const char *const vname[19][2] = {{"MLA per-head form in batched GEMMs", "GLM53_GPU_MLA_FLASH=0"},
+   * right before it, the MLA queries in fp32 rounded by a pass of their
+   * own, and the defaults again (drift over the run); median of 3 each */
+  static const char *const vname[20][2] = {{"MLA per-head form in batched GEMMs", "GLM53_GPU_MLA_FLASH=0"},
                                           {"MLA absorbed GEMM form", "GLM53_GPU_MLA_MHA=0"},
                                           {"mHC projection SIMT kernel", "GLM53_GPU_MHC_TC=0"},
                                           {"MLA fused mma.sync kernel, 64 keys per tile", "GLM53_GPU_MLA_FLASH_WG=0 GLM53_GPU_MLA_FLASH_BN=64"},
@@ -348,9 +347,10 @@ int main(int argc, char **argv) {
                                           {"the KDA q, k, v projections in bf16", "GLM53_GPU_KDA_RAW=bf16"},
                                           {"no bf16 copy of y from the mHC pre", "GLM53_GPU_XB_ALIAS=0"},
                                           {"the MoE gather from a fresh bf16 copy", "GLM53_GPU_MOE_X16=fresh"},
+                                          {"the MLA queries in fp32, rounded apart", "GLM53_GPU_MLA_Q16=0"},
                                           {"the defaults again", "-"}};
-  for (int v = 0; v < 19; v++) {
-    if (quick && v < 13) continue; /* the newest A/B only */
+  for (int v = 0; v < 20; v++) {
+    if (quick && v < 16) continue; /* the newest A/B only */
     if (v == 7 && !gk_mla_flash_wg()) continue;
     if (v == 6 && !gk_mla_flash_wg()) continue; /* no wgmma kernel here: the mma.sync one is the default */
     if (v == 0) gk_set_mla_flash(0);
@@ -370,6 +370,7 @@ int main(int argc, char **argv) {
     if (v == 15) gk_set_kda_raw16(1);
     if (v == 16) gk_set_xb_alias(0);
     if (v == 17) gk_set_moe_x16(2);
+    if (v == 18) gk_set_mla_q16(0);
     for (int i = 0; i < 3; i++) {
       glm53_session_reset(s);
       pr[i] = run(s, tok, NP, logits);
@@ -392,6 +393,7 @@ int main(int argc, char **argv) {
     gk_set_gemm_merge(-1);
     gk_set_kda_raw16(-1);
     gk_set_xb_alias(-1);
+    gk_set_mla_q16(-1);
   }
   if (quick) {
     free(base);

@@ -831,7 +831,10 @@ static int mla_body(const glm53_config *c, const gmla *w, const gk_batch *b, act
   TRY(gk_matmul_multi(p1, n1, A->y, T, D));
   TRY(gk_rmsnorm2((gk_norm_rows){A->r, ql, A->r, ql, w->q_a_norm, ql}, (gk_norm_rows){A->ckv, kl, A->ckv, kl, w->kv_a_norm, kl},
                   T, c->rms_norm_eps));
-  gk_prod p2[2] = {{.W = &w->q_b, .y = A->q, .ldy = H * nope}};
+  /* long chunks the fused MLA kernel takes: the query product writes the
+   * bf16 queries that kernel reads (no fp32 queries, no rounding pass) */
+  void *q16 = gemm && mla_gemm_on() && gk_xb16_ok(&w->q_b, T) ? gk_mla_q16(&w->kv_b, T, pos0, H, nope, vd, kl, P, K) : NULL;
+  gk_prod p2[2] = {{.W = &w->q_b, .y = q16 ? (float *)q16 : A->q, .ldy = H * nope, .y16 = q16 != NULL}};
   if (w->has_idx) p2[1] = (gk_prod){.W = &w->wq_b, .y = A->iq, .ldy = c->index_n_heads * c->index_head_dim};
   /* long chunks: the query product on the side stream beside the indexer */
   const int side = w->has_idx && T >= gk_gemm_min() ? gk_side_fork() : 0;
@@ -869,8 +872,8 @@ static int mla_body(const glm53_config *c, const gmla *w, const gk_batch *b, act
   if (gemm && mla_gemm_on()) { /* long chunks of one sequence: per-head keys and values through cuBLAS */
     TRY(!(lat = gk_pages_linear(0, hl->pg[GK_ST_LATENT], hl->pshift, pos0 + T, kl)));
     mo16 = gk_xb16_ok(&w->o, T); /* the fused kernel then writes the output product's bf16 rows */
-    TRY((rc = gk_mla_mha_gemm_out(A->q, lat, &w->kv_b, A->dense, A->npools, A->tail, A->pools, T, dpos, pos0, H, nope, vd,
-                                  kl, P, K, scale, A->mo, &mo16)) < 0);
+    TRY((rc = gk_mla_mha_gemm_out(q16 ? NULL : A->q, q16, lat, &w->kv_b, A->dense, A->npools, A->tail, A->pools, T, dpos,
+                                  pos0, H, nope, vd, kl, P, K, scale, A->mo, &mo16)) < 0);
   }
   if (rc) {
     /* absorbed attention: q~ = W_UK^T q per head, softmax over the selected

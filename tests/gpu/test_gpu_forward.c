@@ -87,9 +87,11 @@ static void check_model(int topk, int kpool, int shared, uint64_t seed) {
     gk_set_branch(0);
     gk_set_route_group(0);
     fx_run_chunks(m, tok, n, patterns[0], alt);
+    gk_set_branch(1);
+    gk_set_route_group(1);
+    fx_run_chunks(m, tok, n, patterns[0], other);
     gk_set_branch(-1);
     gk_set_route_group(-1);
-    fx_run_chunks(m, tok, n, patterns[0], other);
     CHECK(memcmp(alt, other, (size_t)n * V * 4) == 0, "mode %d: decode with the comb branch and the grouping route differs",
           mode);
     printf("topk=%d kpool=%d %s: decode without / with the comb branch and the grouping route bitwise identical\n", topk,

@@ -1459,8 +1459,8 @@ static void mla_mha_case(int fmt, int H, int nope, int vd, int kl, int P, int K,
     if (rc == 0) { /* bf16 rows asked for: the fused kernels write the fp32 output's rounding, the GEMMs decline */
       int o16 = 1;
       uint16_t *h16 = xmalloc(no * 2);
-      const int r16 = gk_mla_mha_gemm_out(dq, dl, &W.g, dd, dn, dt, dp, T, dpos, pos0, H, nope, vd, kl, P, K, (float)scale,
-                                          dout, &o16) ||
+      const int r16 = gk_mla_mha_gemm_out(dq, NULL, dl, &W.g, dd, dn, dt, dp, T, dpos, pos0, H, nope, vd, kl, P, K,
+                                          (float)scale, dout, &o16) ||
                       (o16 ? gk_d2h(h16, dout, no * 2) : gk_d2h(got, dout, no * 4));
       size_t bad = 0;
       for (size_t i = 0; i < no && !r16 && o16; i++) bad += h16[i] != f32_to_bf16(got[i]);
@@ -1469,6 +1469,28 @@ static void mla_mha_case(int fmt, int H, int nope, int vd, int kl, int P, int K,
       printf("mla mha form %s, bf16 rows asked for: %s\n", form,
              o16 ? (bad ? "bf16, NOT the fp32 rounding" : "bf16, the fp32 output's rounding") : "fp32 (declined)");
       free(h16);
+      /* the queries given in bf16 (gk_mla_q16, the host's rounding of q):
+       * the fused kernels give the fp32 queries' bits; the GEMMs are not
+       * offered the buffer */
+      void *q16 = gk_mla_q16(&W.g, T, pos0, H, nope, vd, kl, P, K);
+      CHECK(!q16 == !fl, "mla mha %s: gk_mla_q16 %s", form, q16 ? "offered for the GEMMs" : "declined for the fused kernel");
+      if (q16) {
+        const size_t nq = (size_t)T * H * nope;
+        uint16_t *hq16 = xmalloc(nq * 2);
+        for (size_t i = 0; i < nq; i++) hq16[i] = f32_to_bf16(hq[i]);
+        float *o2 = gk_malloc(no * 4);
+        int z16 = 0;
+        const int rq = gk_h2d(q16, hq16, nq * 2) || gk_memset(o2, 0x7f, no * 4) ||
+                       gk_mla_mha_gemm_out(NULL, q16, dl, &W.g, dd, dn, dt, dp, T, dpos, pos0, H, nope, vd, kl, P, K,
+                                           (float)scale, o2, &z16);
+        float *g2 = xmalloc(no * 4); /* against got: the first call's fp32 output (dout holds bf16 rows now) */
+        const int same = !rq && !z16 && !gk_d2h(g2, o2, no * 4) && !memcmp(g2, got, no * 4);
+        free(g2);
+        CHECK(same, "mla mha %s from bf16 queries: rc %d, differs from the fp32 queries' output", form, rq);
+        printf("mla mha form %s from bf16 queries (gk_mla_q16): bitwise as from fp32 queries %s\n", form, same ? "yes" : "NO");
+        free(hq16);
+        gk_free(o2);
+      }
     }
   }
   gk_set_mla_flash(-1);

@@ -239,14 +239,14 @@ int gk_mhc_comb(const float *X, const float *mixraw, const float *ssq, const flo
                 const float *norm_w, int T, int hc, int D, int iters, float hc_eps, float rms_eps, float *comb,
                 const float *y, const void *y16);
 /* A branch of a graph being captured on the compute stream: between
- * gk_branch_fork (1: forked; 0: not capturing, HIP, or GLM53_GPU_BRANCH=0 /
- * gk_set_branch(0)) and gk_branch_back the launches go to a second stream
+ * gk_branch_fork (1: forked; 0: not capturing, HIP, or off: opt-in,
+ * GLM53_GPU_BRANCH=1 / gk_set_branch(1)) and gk_branch_back the launches go to a second stream
  * that starts after the work launched so far; gk_branch_join makes the
  * compute stream's next launches wait for it (a no-op when none is open). */
 int gk_branch_fork(void);
 int gk_branch_back(void);
 int gk_branch_join(void);
-void gk_set_branch(int on); /* -1: GLM53_GPU_BRANCH (default on) */
+void gk_set_branch(int on); /* -1: GLM53_GPU_BRANCH (default off) */
 /* mixraw = fn . X and ssq[T] in one pass over X (fp32, another summation
  * order than gk_matmul): 0, -1, or 1 when fn is not f32 [24][4 D] (hc 4) */
 int gk_mhc_proj(const gpu_mat *fn, const float *X, int T, int hc, int D, float *mixraw, float *ssq);
@@ -442,10 +442,19 @@ int gk_mla_mha_gemm(const float *q, const float *latent, const gpu_mat *kvb, con
                     int P, int K, float scale, float *out);
 /* the same; *out16 on entry: bf16 rows are welcome (the output product
  * reads them through gk_matmul_xb16, same bits); on return 1 when out
- * holds bf16 (the fused kernel ran), 0 fp32 */
-int gk_mla_mha_gemm_out(const float *q, const float *latent, const gpu_mat *kvb, const int *dense, const int *npools,
-                        const int *tail, const int *pools, int T, const int *dpos, int pos0, int H, int nope, int vd, int kl,
-                        int P, int K, float scale, void *out, int *out16);
+ * holds bf16 (the fused kernel ran), 0 fp32. q16 (instead of q, from
+ * gk_mla_q16): the queries already in bf16 [T][H][nope] (the fused kernel
+ * rounds q so); an error where the fused kernel does not take the call */
+int gk_mla_mha_gemm_out(const float *q, const void *q16, const float *latent, const gpu_mat *kvb, const int *dense,
+                        const int *npools, const int *tail, const int *pools, int T, const int *dpos, int pos0, int H,
+                        int nope, int vd, int kl, int P, int K, float scale, void *out, int *out16);
+/* a bf16 buffer for the T tokens' queries when gk_mla_mha_gemm_out would
+ * take this call with its fused kernel (the query product then writes
+ * bf16 there, gk_prod.y16, and the fused kernel skips its rounding pass),
+ * else NULL; valid until the next call. GLM53_GPU_MLA_Q16=0 or
+ * gk_set_mla_q16(0): always NULL (-1: the environment) */
+void *gk_mla_q16(const gpu_mat *kvb, int T, int pos0, int H, int nope, int vd, int kl, int P, int K);
+void gk_set_mla_q16(int on);
 /* -1: the environment (GLM53_GPU_MLA_MHA, default on), 0/1: off/on */
 void gk_set_mla_mha(int on);
 int gk_mla_mha_on(void);

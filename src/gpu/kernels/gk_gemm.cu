@@ -220,7 +220,9 @@ extern "C" int gk_side_join(void) { return 0; }
 
 /* ---- a branch of a decode graph (gk.h gk_branch_fork) ----
  * Captured only: the fork and join become graph edges, so they cost
- * nothing per replay (direct launches would pay two event calls a site). */
+ * nothing per replay (direct launches would pay two event calls a site).
+ * Opt-in (GLM53_GPU_BRANCH=1): the comb branch measured 0.10 ms per token
+ * slower on an H100 (docs/gpu.md, eighteenth session). */
 static int g_branch_env = -1;
 extern "C" void gk_set_branch(int on) { g_branch_env = on < 0 ? -1 : !!on; }
 #if !GK_HIP
@@ -228,7 +230,7 @@ static cudaStream_t g_br;
 static cudaEvent_t g_br_ev[2]; /* the fork point, the end of the branch */
 static int g_br_ok, g_br_open, g_br_on;
 extern "C" int gk_branch_fork(void) {
-  if (g_branch_env < 0) g_branch_env = !(getenv("GLM53_GPU_BRANCH") && !strcmp(getenv("GLM53_GPU_BRANCH"), "0"));
+  if (g_branch_env < 0) g_branch_env = getenv("GLM53_GPU_BRANCH") && !strcmp(getenv("GLM53_GPU_BRANCH"), "1");
   if (!g_branch_env || g_br_open || g_on_side) return 0;
   cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(cudaStreamPerThread, &cs) != cudaSuccess) {

@@ -72,7 +72,7 @@ static int g_no_x9;        /* cuBLAS refused the bf16x9 emulation: fp32 instead 
 /* scratch that grows to the largest request: [0] the per-sub-chunk
  * buffers, [1] the split latent rows of the split arithmetics, [2..4] the
  * per-head form's (gk_mla_mha_gemm) */
-static gk_scratch g_buf[5]; /* [2..4]: the per-head form's keys/values, their fp32 block, kv_b as bf16 */
+static gk_scratch g_buf[6]; /* [2..4]: the per-head form's keys/values, their fp32 block, kv_b as bf16; [5] gk_mla_q16's */
 static void *buf(int which, size_t n) { return gk_scratch_grow(&g_buf[which], n); }
 
 /* G[t][n][:] = latent row of the n-th selected token of t0 + t, zero past
@@ -581,29 +581,50 @@ extern "C" int gk_mla_mha_gemm(const float *q, const float *latent, const gpu_ma
                                const int *tail, const int *pools, int T, const int *dpos, int pos0, int H, int nope,
                                int vd, int kl, int P, int K, float scale, float *out) {
   int o16 = 0;
-  return gk_mla_mha_gemm_out(q, latent, kvb, dense, npools, tail, pools, T, dpos, pos0, H, nope, vd, kl, P, K, scale, out,
-                             &o16);
+  return gk_mla_mha_gemm_out(q, NULL, latent, kvb, dense, npools, tail, pools, T, dpos, pos0, H, nope, vd, kl, P, K, scale,
+                             out, &o16);
 }
-extern "C" int gk_mla_mha_gemm_out(const float *q, const float *latent, const gpu_mat *kvb, const int *dense,
-                                   const int *npools, const int *tail, const int *pools, int T, const int *dpos, int pos0,
-                                   int H, int nope, int vd, int kl, int P, int K, float scale, void *out_, int *out16) {
+#if GK_HAVE_BLAS
+/* whether gk_mla_mha_gemm_out takes a call: the bf16x3 arithmetic only,
+ * every sub-chunk over the cache rows (no gathered selections), even
+ * widths, a bf16 or quantized kv_b of this shape */
+static bool mha_takes(const gpu_mat *kvb, int T, int pos0, int H, int nope, int vd, int kl, int P, int K) {
+  const int selmax = (K + 1) * P, ctx = pos0 + T;
+  int shared_max = 4 * selmax < SPLIT_MAXROWS ? 4 * selmax : SPLIT_MAXROWS;
+  shared_max &= ~7;
+  return gk_mla_mha_on() && gk_mla_math() == GK_MLA_BF16X3 && rnd8(ctx) <= shared_max && nope % 2 == 0 && vd % 2 == 0 &&
+         kl % 2 == 0 && kvb->fmt != GF_F32 && kvb->rows == H * (nope + vd) && kvb->cols == kl;
+}
+#endif
+static int g_q16 = -1; /* GLM53_GPU_MLA_Q16=0: gk_mla_q16 declines */
+extern "C" void gk_set_mla_q16(int on) { g_q16 = on < 0 ? -1 : !!on; }
+extern "C" void *gk_mla_q16(const gpu_mat *kvb, int T, int pos0, int H, int nope, int vd, int kl, int P, int K) {
+#if !GK_HAVE_BLAS || GK_HIP
+  (void)kvb; (void)T; (void)pos0; (void)H; (void)nope; (void)vd; (void)kl; (void)P; (void)K;
+  return NULL;
+#else
+  if (g_q16 < 0) g_q16 = !(getenv("GLM53_GPU_MLA_Q16") && !strcmp(getenv("GLM53_GPU_MLA_Q16"), "0"));
+  if (!g_q16 || T <= 0 || !mha_takes(kvb, T, pos0, H, nope, vd, kl, P, K) || !gk_mla_flash_fits(nope, vd, P)) return NULL;
+  return buf(5, (size_t)T * H * nope * 2);
+#endif
+}
+extern "C" int gk_mla_mha_gemm_out(const float *q, const void *q16, const float *latent, const gpu_mat *kvb,
+                                   const int *dense, const int *npools, const int *tail, const int *pools, int T,
+                                   const int *dpos, int pos0, int H, int nope, int vd, int kl, int P, int K, float scale,
+                                   void *out_, int *out16) {
   const int want16 = *out16;
   *out16 = 0;
   float *out = (float *)out_; /* the forms other than the fused kernel's write fp32 */
 #if !GK_HAVE_BLAS
-  (void)q; (void)latent; (void)kvb; (void)dense; (void)npools; (void)tail; (void)pools; (void)T; (void)dpos; (void)pos0;
-  (void)H; (void)nope; (void)vd; (void)kl; (void)P; (void)K; (void)scale; (void)out; (void)want16;
-  return 1;
+  (void)q; (void)q16; (void)latent; (void)kvb; (void)dense; (void)npools; (void)tail; (void)pools; (void)T; (void)dpos;
+  (void)pos0; (void)H; (void)nope; (void)vd; (void)kl; (void)P; (void)K; (void)scale; (void)out; (void)want16;
+  return q16 ? gk_fail("mla mha: bf16 queries without the fused kernel") : 1;
 #else
   if (T <= 0) return 0;
-  const int selmax = (K + 1) * P, ctx = pos0 + T;
-  int shared_max = 4 * selmax < SPLIT_MAXROWS ? 4 * selmax : SPLIT_MAXROWS;
-  shared_max &= ~7;
-  /* the bf16x3 arithmetic only, every sub-chunk over the cache rows (no
-   * gathered selections), even widths, a bf16 or quantized kv_b of this shape */
-  if (!gk_mla_mha_on() || gk_mla_math() != GK_MLA_BF16X3 || rnd8(ctx) > shared_max || nope % 2 || vd % 2 || kl % 2 ||
-      kvb->fmt == GF_F32 || kvb->rows != H * (nope + vd) || kvb->cols != kl)
-    return 1;
+  if (q16 && (!mha_takes(kvb, T, pos0, H, nope, vd, kl, P, K) || !gk_mla_flash_fits(nope, vd, P)))
+    return gk_fail("mla mha: bf16 queries (gk_mla_q16) for a call the fused kernel does not take");
+  if (!mha_takes(kvb, T, pos0, H, nope, vd, kl, P, K)) return 1;
+  const int ctx = pos0 + T;
   if (blas()) return -1;
   const int lrows = rnd8(ctx), R = kvb->rows, ldh = 2 * (nope + vd);
   const float one = 1.f, zero = 0.f;
@@ -649,12 +670,16 @@ extern "C" int gk_mla_mha_gemm_out(const float *q, const float *latent, const gp
     const size_t qb = al256((size_t)T * H * nope * 2);
     char *fb = (char *)buf(0, qb + (size_t)T * nw * 4);
     if (!fb) return -1;
-    uint16_t *Q16 = (uint16_t *)fb;
-    gk_launch(split_rows_k, (unsigned)(((size_t)T * H * nope / 2 + 255) / 256), 256, 0, q, (size_t)nope, T * H, T * H, nope,
-              1, 0u, Q16);
-    if (GK_LAUNCHED("mla mha split queries")) return -1;
+    const uint16_t *Q16 = (const uint16_t *)q16;
+    if (!Q16) { /* the queries rounded to bf16 (gk_mla_q16: the query product wrote them so) */
+      gk_launch(split_rows_k, (unsigned)(((size_t)T * H * nope / 2 + 255) / 256), 256, 0, q, (size_t)nope, T * H, T * H,
+                nope, 1, 0u, (uint16_t *)fb);
+      if (GK_LAUNCHED("mla mha split queries")) return -1;
+      Q16 = (const uint16_t *)fb;
+    }
     const int rc = gk_mla_flash_out(Q16, KV3, dense, npools, tail, pools, K, dpos, T, H, nope, vd, P, lrows, scale,
                                     (uint32_t *)(fb + qb), out, want16);
+    if (rc == 1 && q16) return gk_fail("mla mha: the fused kernel declined bf16 queries");
     if (rc == 0) *out16 = want16;
     return rc;
   }
