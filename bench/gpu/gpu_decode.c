@@ -327,8 +327,8 @@ int main(int argc, char **argv) {
    * the side stream on, the MoE GEMM form's outputs in fp32, the KDA q /
    * k / v products as one merged GEMM, the KDA projections in bf16, no
    * bf16 copy of y from the mHC pre, the MoE gather from a bf16 copy made
-   * right before it, the MLA queries in fp32 rounded by a pass of their
-   * own, and the defaults again (drift over the run); median of 3 each */
+   * right before it, the MLA queries written in bf16 by their GEMM, and
+   * the defaults again (drift over the run); median of 3 each */
   static const char *const vname[20][2] = {{"MLA per-head form in batched GEMMs", "GLM53_GPU_MLA_FLASH=0"},
                                           {"MLA absorbed GEMM form", "GLM53_GPU_MLA_MHA=0"},
                                           {"mHC projection SIMT kernel", "GLM53_GPU_MHC_TC=0"},
@@ -347,7 +347,7 @@ int main(int argc, char **argv) {
                                           {"the KDA q, k, v projections in bf16", "GLM53_GPU_KDA_RAW=bf16"},
                                           {"no bf16 copy of y from the mHC pre", "GLM53_GPU_XB_ALIAS=0"},
                                           {"the MoE gather from a fresh bf16 copy", "GLM53_GPU_MOE_X16=fresh"},
-                                          {"the MLA queries in fp32, rounded apart", "GLM53_GPU_MLA_Q16=0"},
+                                          {"the MLA queries in bf16 from the query GEMM", "GLM53_GPU_MLA_Q16=1"},
                                           {"the defaults again", "-"}};
   for (int v = 0; v < 20; v++) {
     if (quick && v < 16) continue; /* the newest A/B only */
@@ -370,7 +370,7 @@ int main(int argc, char **argv) {
     if (v == 15) gk_set_kda_raw16(1);
     if (v == 16) gk_set_xb_alias(0);
     if (v == 17) gk_set_moe_x16(2);
-    if (v == 18) gk_set_mla_q16(0);
+    if (v == 18) gk_set_mla_q16(1);
     for (int i = 0; i < 3; i++) {
       glm53_session_reset(s);
       pr[i] = run(s, tok, NP, logits);
