@@ -200,6 +200,30 @@ __device__ __forceinline__ void mhc_sinkhorn_warp(const float *mu, const float *
     for (int k = 0; k < hc * hc; k++) combt[k] = L[k];
   }
 }
+/* token t's sum of squares over its n stream values (every thread of the
+ * block calls it; the same loop and sums for mhc_pre_k and mhc_comb_k,
+ * so the same bits); ssq: gk_mhc_proj's, no pass over X; CACHE: the
+ * streams also copied to xs, visible after block_sum's barriers */
+template <bool VEC, bool CACHE>
+__device__ __forceinline__ float mhc_ssq(const float *Xt, int n, const float *ssq, int t, float *sh, float4 *xs) {
+  float ss = 0;
+  if (ssq) {
+  } else if (VEC) {
+#pragma unroll 16 /* one round trip at decode (16 float4 per thread at the model's 4 x 4096) */
+    for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
+      const float4 v = ((const float4 *)Xt)[i];
+      if (CACHE) xs[i] = v;
+      ss += v.x * v.x;
+      ss += v.y * v.y;
+      ss += v.z * v.z;
+      ss += v.w * v.w;
+    }
+  } else {
+#pragma unroll 8
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += Xt[i] * Xt[i];
+  }
+  return ssq ? ssq[t] : block_sum(ss, sh);
+}
 template <bool VEC, bool CACHE, int HC>
 __global__ void mhc_pre_k(const float *X, const float *mixraw, const float *ssq, const float *base, const float *scale,
                           const float *norm_w, int hc_, int D, int iters, float hc_eps, float rms_eps, float *post, float *comb,
@@ -227,23 +251,7 @@ __global__ void mhc_pre_k(const float *X, const float *mixraw, const float *ssq,
     if (comb && w == 0 && lane < HC * HC) sv = mu[2 * HC + lane], sb = base[2 * HC + lane];
     if (comb && w == 0) ss2 = scale[2];
   }
-  float ss = 0;
-  if (ssq) { /* gk_mhc_proj's sum of squares: no first pass over X */
-  } else if (VEC) {
-#pragma unroll 16 /* one round trip at decode (16 float4 per thread at the model's 4 x 4096) */
-    for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
-      const float4 v = ((const float4 *)Xt)[i];
-      if (CACHE) mhc_xs[i] = v; /* visible to the collapse after block_sum's barriers */
-      ss += v.x * v.x;
-      ss += v.y * v.y;
-      ss += v.z * v.z;
-      ss += v.w * v.w;
-    }
-  } else {
-#pragma unroll 8
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += Xt[i] * Xt[i];
-  }
-  ss = ssq ? ssq[t] : block_sum(ss, sh);
+  const float ss = mhc_ssq<VEC, CACHE>(Xt, n, ssq, t, sh, mhc_xs);
   const float r = 1.0f / sqrtf(ss / n + rms_eps);
   float prer[H1];
   if (HC) {
@@ -339,22 +347,7 @@ __global__ void __launch_bounds__(MHC_PRE_THREADS)
   __shared__ float sh[32];
   const int hc = HC ? HC : hc_, t = blockIdx.x, n = hc * D, lane = threadIdx.x & 31;
   const float *Xt = X + (size_t)t * n, *mu = mixraw + (size_t)t * (2 + hc) * hc;
-  float ss = 0;
-  if (ssq) {
-  } else if (VEC) {
-#pragma unroll 16
-    for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
-      const float4 v = ((const float4 *)Xt)[i];
-      ss += v.x * v.x;
-      ss += v.y * v.y;
-      ss += v.z * v.z;
-      ss += v.w * v.w;
-    }
-  } else {
-#pragma unroll 8
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += Xt[i] * Xt[i];
-  }
-  ss = ssq ? ssq[t] : block_sum(ss, sh);
+  const float ss = mhc_ssq<VEC, false>(Xt, n, ssq, t, sh, NULL);
   if (threadIdx.x >= 32) return;
   const float r = 1.0f / sqrtf(ss / n + rms_eps);
   float sv = 0.f, sb = 0.f, ss2 = 0.f;
