@@ -1109,8 +1109,9 @@ static int site(const glm53_config *c, const ghc *hw, const float *norm_w, acts 
    * MoE gather) then reads instead of converting y again */
   void *y16 = T >= gk_gemm_min() && gk_have_blas() && gk_xb_alias_on() ? A->y16 : NULL;
   const float *ssq = rc ? NULL : A->ssq;
-  /* a captured decode step: comb (the Sinkhorn, the pre's longest chain)
-   * on a graph branch beside the sublayer, joined before the post reads it */
+  /* opt-in (GLM53_GPU_BRANCH=1, measured 0.10 ms per token slower): in a
+   * captured decode step comb (the Sinkhorn, the pre's longest chain) on a
+   * graph branch beside the sublayer, joined before the post reads it */
   int br = 0;
   if (T < gk_gemm_min()) TRY((br = gk_branch_fork()) < 0);
   if (br) {
