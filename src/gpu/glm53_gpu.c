@@ -831,8 +831,9 @@ static int mla_body(const glm53_config *c, const gmla *w, const gk_batch *b, act
   TRY(gk_matmul_multi(p1, n1, A->y, T, D));
   TRY(gk_rmsnorm2((gk_norm_rows){A->r, ql, A->r, ql, w->q_a_norm, ql}, (gk_norm_rows){A->ckv, kl, A->ckv, kl, w->kv_a_norm, kl},
                   T, c->rms_norm_eps));
-  /* long chunks the fused MLA kernel takes: the query product writes the
-   * bf16 queries that kernel reads (no fp32 queries, no rounding pass) */
+  /* long chunks the fused MLA kernel takes, opt-in (gk_mla_q16): the query
+   * product writes the bf16 queries that kernel reads (no fp32 queries, no
+   * rounding pass) */
   void *q16 = gemm && mla_gemm_on() && gk_xb16_ok(&w->q_b, T) ? gk_mla_q16(&w->kv_b, T, pos0, H, nope, vd, kl, P, K) : NULL;
   gk_prod p2[2] = {{.W = &w->q_b, .y = q16 ? (float *)q16 : A->q, .ldy = H * nope, .y16 = q16 != NULL}};
   if (w->has_idx) p2[1] = (gk_prod){.W = &w->wq_b, .y = A->iq, .ldy = c->index_n_heads * c->index_head_dim};

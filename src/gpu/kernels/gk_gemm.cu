@@ -12,7 +12,6 @@ static void pdl_detect(const cudaDeviceProp *p);
 static cublasHandle_t g_blas, g_blas_side; /* the side stream's own (its own workspace) */
 static int g_blas_ok;
 #endif
-static int g_on_side; /* between gk_side_fork and gk_side_join */
 #if !GK_HIP
 cudaStream_t g_gk_stream = cudaStreamPerThread;
 #endif
@@ -163,56 +162,84 @@ static gk_scratch g_xb[2], g_wb[2];
 static gk_scratch g_hb[2]; /* gk_mlp's bf16 SwiGLU output */
 #endif
 
+/* ---- second streams: the side stream and a decode graph's branch ----
+ * A fork: its stream and two events (the fork point on the compute
+ * stream, the end of its work), each made once so that a failed start
+ * leaks nothing when retried; open: forked, not joined yet; on: launches
+ * go to its stream (gk_launch's g_gk_stream) until back. */
+#if !GK_HIP
+typedef struct {
+  cudaStream_t s;
+  cudaEvent_t ev[2];
+  int made, open, on;
+} gk_fork;
+static int fork_make(gk_fork *f) {
+  if (f->made) return 0;
+  if (!f->s) GK_TRY(cudaStreamCreateWithFlags(&f->s, cudaStreamNonBlocking));
+  for (int i = 0; i < 2; i++)
+    if (!f->ev[i]) GK_TRY(cudaEventCreateWithFlags(&f->ev[i], cudaEventDisableTiming));
+  f->made = 1;
+  return 0;
+}
+/* f's stream starts after the work launched so far; launches go there */
+static int fork_open(gk_fork *f) {
+  GK_TRY(cudaEventRecord(f->ev[0], cudaStreamPerThread));
+  GK_TRY(cudaStreamWaitEvent(f->s, f->ev[0], 0));
+  f->open = f->on = 1;
+  g_gk_stream = f->s;
+  return 0;
+}
+static int fork_back(gk_fork *f) {
+  if (!f->on) return 0;
+  f->on = 0;
+  g_gk_stream = cudaStreamPerThread;
+  GK_TRY(cudaEventRecord(f->ev[1], f->s));
+  return 0;
+}
+static int fork_join(gk_fork *f) {
+  if (!f->open) return 0;
+  const int rc = fork_back(f);
+  f->open = 0;
+  GK_TRY(cudaStreamWaitEvent(cudaStreamPerThread, f->ev[1], 0));
+  return rc;
+}
+#endif
+
 /* ---- the side stream (gk.h) ---- */
 static int g_side_env = -1;
 static unsigned g_side_forks;
 extern "C" void gk_set_side(int on) { g_side_env = on < 0 ? -1 : !!on; }
 extern "C" unsigned gk_side_forks(void) { return g_side_forks; }
 #if !GK_HIP && GK_HAVE_BLAS
-static cudaStream_t g_side;
-static cudaEvent_t g_side_ev[2]; /* the fork point on the compute stream, the end of the side work */
-static int g_side_ok, g_side_open; /* open: forked, not joined yet */
+static gk_fork g_side;
+static int g_side_ok; /* the stream's cuBLAS handle made too */
 extern "C" int gk_side_fork(void) {
   if (g_side_env < 0) g_side_env = getenv("GLM53_GPU_SIDE") && !strcmp(getenv("GLM53_GPU_SIDE"), "1");
-  if (!g_side_env || !g_blas_ok || g_side_open || gk_kprof_active()) return 0;
+  if (!g_side_env || !g_blas_ok || g_side.open || gk_kprof_active()) return 0;
   cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(cudaStreamPerThread, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
     (void)cudaGetLastError();
     return 0;
   }
-  if (!g_side_ok) { /* each piece once, so that a failed start leaks nothing when retried */
-    if (!g_side) GK_TRY(cudaStreamCreateWithFlags(&g_side, cudaStreamNonBlocking));
-    for (int i = 0; i < 2; i++)
-      if (!g_side_ev[i]) GK_TRY(cudaEventCreateWithFlags(&g_side_ev[i], cudaEventDisableTiming));
+  if (!g_side_ok) {
+    if (fork_make(&g_side)) return -1;
     if (!g_blas_side && cublasCreate(&g_blas_side) != CUBLAS_STATUS_SUCCESS) {
       g_blas_side = NULL;
       return gk_fail("cuBLAS initialisation (side stream) failed");
     }
-    cublasSetStream(g_blas_side, g_side);
+    cublasSetStream(g_blas_side, g_side.s);
     g_side_ok = 1;
   }
-  GK_TRY(cudaEventRecord(g_side_ev[0], cudaStreamPerThread));
-  GK_TRY(cudaStreamWaitEvent(g_side, g_side_ev[0], 0));
-  g_side_open = g_on_side = 1;
-  g_gk_stream = g_side;
+  if (fork_open(&g_side)) return -1;
   g_side_forks++;
   return 1;
 }
-extern "C" int gk_side_back(void) {
-  if (!g_on_side) return 0;
-  g_on_side = 0;
-  g_gk_stream = cudaStreamPerThread;
-  GK_TRY(cudaEventRecord(g_side_ev[1], g_side));
-  return 0;
-}
-extern "C" int gk_side_join(void) {
-  if (!g_side_open) return 0;
-  const int rc = gk_side_back();
-  g_side_open = 0;
-  GK_TRY(cudaStreamWaitEvent(cudaStreamPerThread, g_side_ev[1], 0));
-  return rc;
-}
+extern "C" int gk_side_back(void) { return fork_back(&g_side); }
+extern "C" int gk_side_join(void) { return fork_join(&g_side); }
+/* between gk_side_fork and gk_side_back: the side stream's cuBLAS handle and scratch */
+static inline int on_side(void) { return g_side.on; }
 #else
+static inline int on_side(void) { return 0; }
 extern "C" int gk_side_fork(void) { return 0; }
 extern "C" int gk_side_back(void) { return 0; }
 extern "C" int gk_side_join(void) { return 0; }
@@ -226,44 +253,20 @@ extern "C" int gk_side_join(void) { return 0; }
 static int g_branch_env = -1;
 extern "C" void gk_set_branch(int on) { g_branch_env = on < 0 ? -1 : !!on; }
 #if !GK_HIP
-static cudaStream_t g_br;
-static cudaEvent_t g_br_ev[2]; /* the fork point, the end of the branch */
-static int g_br_ok, g_br_open, g_br_on;
+static gk_fork g_br;
 extern "C" int gk_branch_fork(void) {
   if (g_branch_env < 0) g_branch_env = getenv("GLM53_GPU_BRANCH") && !strcmp(getenv("GLM53_GPU_BRANCH"), "1");
-  if (!g_branch_env || g_br_open || g_on_side) return 0;
+  if (!g_branch_env || g_br.open || on_side()) return 0;
   cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(cudaStreamPerThread, &cs) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
   if (cs != cudaStreamCaptureStatusActive) return 0;
-  if (!g_br_ok) { /* each piece once, so that a failed start leaks nothing when retried */
-    if (!g_br) GK_TRY(cudaStreamCreateWithFlags(&g_br, cudaStreamNonBlocking));
-    for (int i = 0; i < 2; i++)
-      if (!g_br_ev[i]) GK_TRY(cudaEventCreateWithFlags(&g_br_ev[i], cudaEventDisableTiming));
-    g_br_ok = 1;
-  }
-  GK_TRY(cudaEventRecord(g_br_ev[0], cudaStreamPerThread));
-  GK_TRY(cudaStreamWaitEvent(g_br, g_br_ev[0], 0));
-  g_br_open = g_br_on = 1;
-  g_gk_stream = g_br;
-  return 1;
+  return fork_make(&g_br) || fork_open(&g_br) ? -1 : 1;
 }
-extern "C" int gk_branch_back(void) {
-  if (!g_br_on) return 0;
-  g_br_on = 0;
-  g_gk_stream = cudaStreamPerThread;
-  GK_TRY(cudaEventRecord(g_br_ev[1], g_br));
-  return 0;
-}
-extern "C" int gk_branch_join(void) {
-  if (!g_br_open) return 0;
-  const int rc = gk_branch_back();
-  g_br_open = 0;
-  GK_TRY(cudaStreamWaitEvent(cudaStreamPerThread, g_br_ev[1], 0));
-  return rc;
-}
+extern "C" int gk_branch_back(void) { return fork_back(&g_br); }
+extern "C" int gk_branch_join(void) { return fork_join(&g_br); }
 #else
 extern "C" int gk_branch_fork(void) { return 0; }
 extern "C" int gk_branch_back(void) { return 0; }
@@ -726,7 +729,7 @@ __global__ void dequant_bf16_k(gpu_mat W, __nv_bfloat16 *o) {
 }
 
 /* the handle of the stream launches go to */
-static cublasHandle_t blas_now(void) { return g_on_side ? g_blas_side : g_blas; }
+static cublasHandle_t blas_now(void) { return on_side() ? g_blas_side : g_blas; }
 cublasHandle_t gk_blas_handle(void) { return g_blas_ok ? blas_now() : NULL; }
 void gk_dequant_bf16(const gpu_mat *W, __nv_bfloat16 *out) {
   gk_launch(dequant_bf16_k, gk_blocks((size_t)W->rows * W->cols, 256), 256, 0, *W, out);
@@ -748,7 +751,7 @@ extern "C" int gk_rows_bf16(const float *x, int n, int cols, int ldx, void *out)
 /* x [n][cols] (ldx apart) as dense bf16 rows in the g_xb scratch */
 static const __nv_bfloat16 *x_bf16(const float *x, int n, int cols, int ldx) {
   if (const void *a = gk_xb_lookup(x, n, cols, ldx)) return (const __nv_bfloat16 *)a; /* already in bf16 (gk_xb_alias) */
-  __nv_bfloat16 *xb = (__nv_bfloat16 *)scratch(&g_xb[g_on_side], (size_t)n * cols * 2);
+  __nv_bfloat16 *xb = (__nv_bfloat16 *)scratch(&g_xb[on_side()], (size_t)n * cols * 2);
   return xb && !gk_rows_bf16(x, n, cols, ldx, xb) ? xb : NULL;
 }
 static int gemm_xb(const gpu_mat *W, const __nv_bfloat16 *xb, int n, float *y, int ldy, bool y16 = false);
@@ -771,7 +774,7 @@ static int gemm_xb(const gpu_mat *W, const __nv_bfloat16 *xb, int n, float *y, i
   const float one = 1.f, zero = 0.f;
   const void *wb = W->d;
   if (W->fmt != GF_BF16) { /* quantized: dequantize to bf16 once per call (prefill only) */
-    __nv_bfloat16 *t = (__nv_bfloat16 *)scratch(&g_wb[g_on_side], (size_t)W->rows * W->cols * 2);
+    __nv_bfloat16 *t = (__nv_bfloat16 *)scratch(&g_wb[on_side()], (size_t)W->rows * W->cols * 2);
     if (!t) return -1;
     gk_dequant_bf16(W, t);
     wb = t;
@@ -952,7 +955,7 @@ extern "C" int gk_mlp(const gpu_mat *Wg, const gpu_mat *Wu, const gpu_mat *Wd, c
   if (use_blas(n) && Wg->fmt != GF_F32 && Wu->fmt != GF_F32 && Wd->fmt != GF_F32 && Wg->cols == Wu->cols &&
       Wd->cols == I) {
     const __nv_bfloat16 *xb = x_bf16(x, n, Wg->cols, ldx);
-    uint16_t *hb = (uint16_t *)scratch(&g_hb[g_on_side], (size_t)n * I * 2);
+    uint16_t *hb = (uint16_t *)scratch(&g_hb[on_side()], (size_t)n * I * 2);
     if (!xb || !hb || gemm_xb(Wg, xb, n, g, I) || gemm_xb(Wu, xb, n, u, I) ||
         gk_swiglu_to_bf16(g, u, (size_t)n * I, limit, hb) || GK_LAUNCHED("swiglu bf16"))
       return -1;

@@ -1551,6 +1551,18 @@ __device__ __forceinline__ int route_argmax(const float *v, const unsigned char 
   }
   return bi;
 }
+/* of a token's k selected ids (distinct, -1 for none): how many are
+ * experts, and expert e's place among them in ascending id */
+__device__ __forceinline__ int route_nsel(const int *id, int k) {
+  int n = 0;
+  for (int i = 0; i < k; i++) n += id[i] >= 0;
+  return n;
+}
+__device__ __forceinline__ int route_rank(const int *id, int k, int e) {
+  int rank = 0;
+  for (int i = 0; i < k; i++) rank += id[i] >= 0 && id[i] < e;
+  return rank;
+}
 /* The selected experts' gate and up weights into L2 (gk_moe_route_pf),
  * `bytes` of them in 64 KB pieces spread over the lanes: experts in
  * ascending id (the grouped launch's block order), gate and up pieces
@@ -1560,14 +1572,9 @@ __device__ __forceinline__ int route_argmax(const float *v, const unsigned char 
 __device__ __forceinline__ void route_prefetch(const gpu_mat *wset, const int *id, int k, long bytes, int *srt) {
   const int lane = threadIdx.x & 31;
   __syncwarp();
-  int nsel = 0;
-  for (int i = 0; i < k; i++) nsel += id[i] >= 0;
-  for (int j = lane; j < k; j += 32) {
-    const int e = id[j];
-    int rank = 0;
-    for (int i = 0; i < k; i++) rank += id[i] >= 0 && id[i] < e;
-    if (e >= 0) srt[rank] = e; /* the ids are distinct */
-  }
+  const int nsel = route_nsel(id, k);
+  for (int j = lane; j < k; j += 32)
+    if (id[j] >= 0) srt[route_rank(id, k, id[j])] = id[j];
   __syncwarp();
   if (!nsel) return;
   const gpu_mat &g0 = wset[(size_t)srt[0] * 3];
@@ -1588,19 +1595,16 @@ __device__ __forceinline__ void route_prefetch(const gpu_mat *wset, const int *i
  * (gmax: group_max of the grouped launch) */
 __device__ __forceinline__ void route_group(const int *sid, int k, int gmax, int *grp) {
   const int lane = threadIdx.x & 31;
-  int nsel = 0;
-  for (int i = 0; i < k; i++) nsel += sid[i] >= 0;
   for (int j = lane; j < k; j += 32) {
     const int e = sid[j];
     if (e < 0) continue;
-    int rank = 0;
-    for (int i = 0; i < k; i++) rank += sid[i] >= 0 && sid[i] < e;
+    const int rank = route_rank(sid, k, e);
     grp[1 + 3 * rank] = e;
     grp[2 + 3 * rank] = 1;
     grp[3 + 3 * rank] = rank;
     grp[1 + 3 * gmax + rank] = j; /* the pair list: pair j of token 0 */
   }
-  if (lane == 0) grp[0] = nsel;
+  if (lane == 0) grp[0] = route_nsel(sid, k);
 }
 __global__ void moe_route_k(const float *logits, const float *bias, int T, int E, int k, int G, int topk_group, int norm,
                             float scaling, int *idx, float *wt, const gpu_mat *wset, long pfb, int *grp, int gmax) {

@@ -134,46 +134,36 @@ __global__ void moe_gather16_k(const uint4 *xb, const int *perm, const int *idx,
   for (int d = threadIdx.x; d < n8; d += blockDim.x) dst[d] = src[d];
 }
 
-/* bf16(swiglu(g, u)) from bf16 g and u (raw bits, gk_moe_bf16_out), 4 per
- * thread (8-byte aligned), or 1 */
-__global__ void moe_swiglu_b2b_v4_k(const uint2 *g, const uint2 *u, size_t n4, float limit, uint2 *h) {
+/* h = bf16(swiglu(g, u)) elementwise from fp32 or bf16 (raw bits,
+ * gk_moe_bf16_out) g and u: four per thread (n % 4 == 0, g and u aligned
+ * to four elements, h to 8 bytes), or one */
+template <typename IT>
+__global__ void swiglu_bf16_v4_k(const IT *g, const IT *u, size_t n4, float limit, uint2 *h) {
   GK_PDL_BEGIN();
   const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
   if (i >= n4) return;
   float a[4], b[4];
-  vload<4>(a, (const uint16_t *)(g + i));
-  vload<4>(b, (const uint16_t *)(u + i));
+  vload<4>(a, g + 4 * i);
+  vload<4>(b, u + 4 * i);
   h[i] = make_uint2(bf16_bits(swiglu1(a[0], b[0], limit)) | bf16_bits(swiglu1(a[1], b[1], limit)) << 16,
                     bf16_bits(swiglu1(a[2], b[2], limit)) | bf16_bits(swiglu1(a[3], b[3], limit)) << 16);
 }
-__global__ void moe_swiglu_b2b_k(const uint16_t *g, const uint16_t *u, size_t n, float limit, __nv_bfloat16 *h) {
+template <typename IT>
+__global__ void swiglu_bf16_k(const IT *g, const IT *u, size_t n, float limit, __nv_bfloat16 *h) {
   GK_PDL_BEGIN();
   const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-  if (i < n) h[i] = __float2bfloat16(swiglu1(bf16f(g[i]), bf16f(u[i]), limit));
+  if (i < n) h[i] = __float2bfloat16(swiglu1(ld_f(g + i), ld_f(u + i), limit));
 }
-/* h = bf16(swiglu(g, u)) elementwise */
-__global__ void moe_swiglu_bf16_k(const float *g, const float *u, size_t n, float limit, __nv_bfloat16 *h) {
-  GK_PDL_BEGIN();
-  const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-  if (i < n) h[i] = __float2bfloat16(swiglu1(g[i], u[i], limit));
-}
-/* the same four elements per thread (n % 4 == 0, 16-byte aligned rows) */
-__global__ void moe_swiglu_bf16_v4_k(const float4 *g, const float4 *u, size_t n4, float limit, uint2 *h) {
-  GK_PDL_BEGIN();
-  const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-  if (i >= n4) return;
-  const float4 a = g[i], b = u[i];
-  h[i] = make_uint2(bf16_bits(swiglu1(a.x, b.x, limit)) | bf16_bits(swiglu1(a.y, b.y, limit)) << 16,
-                    bf16_bits(swiglu1(a.z, b.z, limit)) | bf16_bits(swiglu1(a.w, b.w, limit)) << 16);
-}
-
-extern "C" int gk_swiglu_to_bf16(const float *g, const float *u, size_t n, float limit, void *h) {
-  if (!n) return 0;
-  if (n % 4 == 0 && (uintptr_t)g % 16 == 0 && (uintptr_t)u % 16 == 0 && (uintptr_t)h % 8 == 0)
-    gk_launch(moe_swiglu_bf16_v4_k, gk_blocks(n / 4, 256), 256, 0, (const float4 *)g, (const float4 *)u, n / 4, limit,
-              (uint2 *)h);
+template <typename IT> static void swiglu_bf16(const IT *g, const IT *u, size_t n, float limit, void *h) {
+  const uintptr_t a = 4 * sizeof(IT);
+  if (!n) return;
+  if (n % 4 == 0 && (uintptr_t)g % a == 0 && (uintptr_t)u % a == 0 && (uintptr_t)h % 8 == 0)
+    gk_launch(swiglu_bf16_v4_k<IT>, gk_blocks(n / 4, 256), 256, 0, g, u, n / 4, limit, (uint2 *)h);
   else
-    gk_launch(moe_swiglu_bf16_k, gk_blocks(n, 256), 256, 0, g, u, n, limit, (__nv_bfloat16 *)h);
+    gk_launch(swiglu_bf16_k<IT>, gk_blocks(n, 256), 256, 0, g, u, n, limit, (__nv_bfloat16 *)h);
+}
+extern "C" int gk_swiglu_to_bf16(const float *g, const float *u, size_t n, float limit, void *h) {
+  swiglu_bf16(g, u, n, limit, h);
   return 0;
 }
 
@@ -241,7 +231,7 @@ static int buckets(const int *hoff, int E, int *ord, int *bstart, int *poff) {
 /* 1: the bf16 copy (x's gk_xb_alias where registered); 0: gather from the
  * fp32 rows (GLM53_GPU_MOE_X16=0); 2: a fresh copy even where x has an
  * alias (GLM53_GPU_MOE_X16=fresh: made right before the gather, so its
- * rows are in L2; an A/B not yet measured) */
+ * rows are in L2; measured 1-7 ms per prefill slower on an H100) */
 static int g_x16_on = -1;
 extern "C" void gk_set_moe_x16(int on) { g_x16_on = on >= 0 && on <= 2 ? on : -1; }
 
@@ -339,13 +329,8 @@ extern "C" int gk_moe_experts_gemm(const gpu_mat *h_exp, int E, const int *hoff,
   /* padding rows (bucket members below the bucket's count) hold stale
    * inputs: GEMM rows are independent, and erow never points at them */
   const size_t ne = (size_t)rows * I;
-  if (o16 && ne % 4 == 0 && (uintptr_t)g % 8 == 0 && (uintptr_t)u % 8 == 0 && (uintptr_t)hb % 8 == 0)
-    gk_launch(moe_swiglu_b2b_v4_k, gk_blocks(ne / 4, 256), 256, 0, (const uint2 *)g, (const uint2 *)u, ne / 4, limit,
-              (uint2 *)hb);
-  else if (o16)
-    gk_launch(moe_swiglu_b2b_k, gk_blocks(ne, 256), 256, 0, (const uint16_t *)g, (const uint16_t *)u, ne, limit, hb);
-  else if (gk_swiglu_to_bf16(g, u, ne, limit, hb))
-    return -1;
+  if (o16) swiglu_bf16((const uint16_t *)g, (const uint16_t *)u, ne, limit, hb);
+  else swiglu_bf16((const float *)g, (const float *)u, ne, limit, hb);
   if (GK_LAUNCHED("moe swiglu bf16")) return -1;
   if (!quant) {
     for (int b = 0; b < nb; b++) {
