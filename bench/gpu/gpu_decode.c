@@ -15,7 +15,8 @@
  *  stream: the bf16 model at several routed-expert VRAM budgets (all
  *      resident .. nothing resident, cache slots 1/4 of the budget or 2 x
  *      top-k): decode tok/s against the cache hit rate and the bytes copied,
- *      next to the pinned host->device bandwidth measured in the same run.
+ *      next to the pinned host->device bandwidth measured in the same run,
+ *      in each look-ahead mode (all guesses, idle: the default, off).
  * GLM53_GPU_KPROF=1 (with GLM53_GPU_GRAPH=0): instead of the timings, the
  *      per-operation GPU time of decode and prefill (gk_kprof.cu).
  * Usage: gpu_decode [experts=32] [decode_steps=32] [bf16|q4|stream] [layers=45, stream: 6] */
@@ -137,7 +138,7 @@ static int stream_bench(glm53_model *m, int E, int steps, size_t dbytes) {
   for (int l = 0; l < c->num_hidden_layers; l++) moe_layers += c->mlp_layer_types[l] == MLP_MOE;
   double total = blob * E * moe_layers;
   static const double fr[] = {-1, 0.75, 0.5, 0.25, 0};
-  const int V = c->vocab_size, ctx = 64 + 2 * steps + 16;
+  const int V = c->vocab_size, ctx = 64 + 3 * steps + 16;
   int32_t *tok = synth_tokens(ctx, V);
   float *logits = xmalloc((size_t)V * sizeof(float));
   for (size_t i = 0; i < sizeof fr / sizeof *fr; i++) {
@@ -153,12 +154,15 @@ static int stream_bench(glm53_model *m, int E, int steps, size_t dbytes) {
     if (!s) { printf("session: %s\n", glm53_last_error()); return 1; }
     run(s, tok, 64, logits);
     for (int w = 0; w < 3; w++) run(s, tok + 64 + w, 1, logits);
-    /* with the look-ahead copies (default), then without, continuing the
-     * same sequence (positions 67.. then 67 + steps..) */
-    for (int la = 1; la >= 0; la--) {
-      glm53_gpu_set_expert_lookahead(la);
+    /* each look-ahead mode in turn: every guess copied, the default
+     * (one guess after a copy-free layer call), none; continuing the same
+     * sequence (positions 67.., 67 + steps.., 67 + 2 steps..) */
+    static const int modes[] = {GLM53_GPU_LA_ALL, GLM53_GPU_LA_IDLE, GLM53_GPU_LA_OFF};
+    static const char *mname[] = {"all ", "idle", "off "};
+    for (int mi = 0; mi < 3; mi++) {
+      glm53_gpu_set_expert_lookahead(modes[mi]);
       glm53_gpu_expert_stats_reset(m);
-      const int32_t *tk = tok + 67 + (1 - la) * steps;
+      const int32_t *tk = tok + 67 + mi * steps;
       double t1 = now_sec();
       for (int k = 0; k < steps; k++) glm53_forward(s, tk + k, 1, logits, 0);
       double dt = (now_sec() - t1) / steps;
@@ -169,7 +173,7 @@ static int stream_bench(glm53_model *m, int E, int steps, size_t dbytes) {
              "decode %.2f ms/token = %.1f tok/s; hit rate %5.1f%% (%llu hits, %llu misses; %llu look-ahead copies, %llu "
              "used), %.3f GB/token copied = %.0f%% of the step at the measured H2D bandwidth; init %.1f s\n",
              fr[i] < 0 ? total / 1e9 : m->gpu_expert_gb, fr[i] < 0 ? 100.0 : 100 * fr[i], total / 1e9,
-             !st.streaming ? "n/a" : la ? "on " : "off",
+             !st.streaming ? "n/a " : mname[mi],
              st.resident, st.streamed, st.slots, dt * 1e3, 1 / dt, u ? 100.0 * st.hits / u : 100.0, st.hits, st.misses,
              st.prefetches, st.prefetch_hits, gbt, h2d > 0 ? 100.0 * gbt / h2d / dt : 0.0, tinit);
       if (fr[i] < 0) break; /* all resident: nothing streamed */
@@ -347,7 +351,7 @@ int main(int argc, char **argv) {
                                           {"the KDA q, k, v projections in bf16", "GLM53_GPU_KDA_RAW=bf16"},
                                           {"no bf16 copy of y from the mHC pre", "GLM53_GPU_XB_ALIAS=0"},
                                           {"the MoE gather from a fresh bf16 copy", "GLM53_GPU_MOE_X16=fresh"},
-                                          {"the MLA queries in bf16 from the query GEMM", "GLM53_GPU_MLA_Q16=1"},
+                                          {"the MLA queries rounded by a pass of their own", "GLM53_GPU_MLA_Q16=0"},
                                           {"the defaults again", "-"}};
   for (int v = 0; v < 20; v++) {
     if (quick && v < 16) continue; /* the newest A/B only */
@@ -370,7 +374,7 @@ int main(int argc, char **argv) {
     if (v == 15) gk_set_kda_raw16(1);
     if (v == 16) gk_set_xb_alias(0);
     if (v == 17) gk_set_moe_x16(2);
-    if (v == 18) gk_set_mla_q16(1);
+    if (v == 18) gk_set_mla_q16(0);
     for (int i = 0; i < 3; i++) {
       glm53_session_reset(s);
       pr[i] = run(s, tok, NP, logits);

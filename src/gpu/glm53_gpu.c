@@ -831,7 +831,7 @@ static int mla_body(const glm53_config *c, const gmla *w, const gk_batch *b, act
   TRY(gk_matmul_multi(p1, n1, A->y, T, D));
   TRY(gk_rmsnorm2((gk_norm_rows){A->r, ql, A->r, ql, w->q_a_norm, ql}, (gk_norm_rows){A->ckv, kl, A->ckv, kl, w->kv_a_norm, kl},
                   T, c->rms_norm_eps));
-  /* long chunks the fused MLA kernel takes, opt-in (gk_mla_q16): the query
+  /* long chunks the fused MLA kernel takes (gk_mla_q16): the query
    * product writes the bf16 queries that kernel reads (no fp32 queries, no
    * rounding pass) */
   void *q16 = gemm && mla_gemm_on() && gk_xb16_ok(&w->q_b, T) ? gk_mla_q16(&w->kv_b, T, pos0, H, nope, vd, kl, P, K) : NULL;
@@ -915,15 +915,21 @@ static int expert_dev(const glm53_config *c, const glayer *G, acts *A, int T, in
   return gk_scatter_rows(A->eo, A->xo, A->prow + cnt[e], n, D);
 }
 
-/* Expert streaming's look-ahead (on unless GLM53_GPU_EXPERT_LOOKAHEAD=0 or
- * glm53_gpu_set_expert_lookahead(0)): decode steps and small batches only
- * (a long chunk uses most experts of every layer). */
+/* Expert streaming's look-ahead mode (GLM53_GPU_LA_*; $GLM53_GPU_EXPERT_LOOKAHEAD
+ * 0 | all | idle, default idle): decode steps and small batches only (a
+ * long chunk uses most experts of every layer). */
 static int g_lookahead = -1;
-void glm53_gpu_set_expert_lookahead(int on) { g_lookahead = on < 0 ? -1 : on ? 1 : 0; }
-static int lookahead_on(void) {
+void glm53_gpu_set_expert_lookahead(int mode) {
+  g_lookahead = mode == GLM53_GPU_LA_OFF || mode == GLM53_GPU_LA_ALL || mode == GLM53_GPU_LA_IDLE ? mode : -1;
+}
+static int lookahead_mode(void) {
   if (g_lookahead < 0) {
     const char *e = getenv("GLM53_GPU_EXPERT_LOOKAHEAD");
-    g_lookahead = !(e && !strcmp(e, "0"));
+    g_lookahead = GLM53_GPU_LA_IDLE;
+    if (e && (!strcmp(e, "0") || !strcmp(e, "off"))) g_lookahead = GLM53_GPU_LA_OFF;
+    else if (e && (!strcmp(e, "all") || !strcmp(e, "1"))) g_lookahead = GLM53_GPU_LA_ALL;
+    else if (e && *e && strcmp(e, "idle"))
+      LOG_WARN("GLM53_GPU_EXPERT_LOOKAHEAD=%s: expected 0, all or idle; using idle", e);
   }
   return g_lookahead;
 }
@@ -935,11 +941,12 @@ static int next_streamed(const gpu_xcache *x, int l) {
 }
 /* The guessed experts of layer la (pidx: np pairs, first use first), copied
  * after this layer's own copies, into slots this layer does not hold, until
- * none is left. */
-static int prefetch_next(gmodel *g, int la, const int *pidx, int np) {
+ * none is left or quota copies are queued. */
+static int prefetch_next(gmodel *g, int la, const int *pidx, int np, int quota) {
   gpu_xcache *x = &g->xc;
   glayer *N = &g->layers[la];
-  for (int p = 0; p < np; p++) {
+  const uint64_t pf0 = x->prefetches;
+  for (int p = 0; p < np && x->prefetches - pf0 < (uint64_t)quota; p++) {
     if (pidx[p] < 0 || pidx[p] >= x->E) continue;
     const int r = gpu_xcache_prefetch(x, la, pidx[p], N->h_exp, N->d_exp);
     if (r == GPU_XC_FULL) return 0;
@@ -963,7 +970,8 @@ static int moe_stream(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
   glayer *G = &g->layers[l];
   gpu_xcache *x = &g->xc;
   const int D = c->hidden_size, E = c->n_routed_experts, k = c->num_experts_per_tok, np = T * k;
-  const int la = T < gk_gemm_min() && lookahead_on() ? next_streamed(x, l) : -1;
+  const int mode = lookahead_mode();
+  const int la = T < gk_gemm_min() && mode != GLM53_GPU_LA_OFF ? next_streamed(x, l) : -1;
   TRY(gk_matmul(&G->router, A->y, T, D, A->logits, E));
   TRY(gk_moe_route(A->logits, G->bias, T, E, k, c->n_group, c->topk_group, c->norm_topk_prob, c->routed_scaling_factor,
                    A->idx, A->wt));
@@ -996,6 +1004,7 @@ static int moe_stream(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
     free(fill); free(prow); free(trow);
   }
   gpu_xcache_begin(x);
+  const uint64_t miss0 = x->misses; /* this call's own copies: the misses it adds */
   for (int i = 0; i < nu && !rc; i++) {
     int r = gpu_xcache_fetch(x, l, u[i], G->h_exp, G->d_exp, 0);
     if (r < 0) rc = -1;
@@ -1005,7 +1014,7 @@ static int moe_stream(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
     if (!placed[i] && gpu_xcache_fetch(x, l, u[i], G->h_exp, G->d_exp, 1)) rc = -1;
     else rc = gpu_xcache_ready(x, l, u[i]) || expert_dev(c, G, A, T, u[i], cnt) || gpu_xcache_done(x, l, u[i]);
   }
-  if (la >= 0 && !rc) rc = prefetch_next(g, la, hidx + np, np);
+  if (la >= 0 && !rc) rc = prefetch_next(g, la, hidx + np, np, gpu_xcache_lookahead_quota(mode, x->misses - miss0));
   free(cnt); free(u); free(placed);
   return rc ? -1 : 0; /* the routed outputs are added by gk_mhc_post_moe */
 }

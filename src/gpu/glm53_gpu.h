@@ -37,9 +37,13 @@ typedef struct {
 int glm53_gpu_expert_stats_get(const glm53_model *m, glm53_gpu_expert_stats *out);
 void glm53_gpu_expert_stats_reset(glm53_model *m);
 /* Expert streaming's look-ahead copies of the next streamed layer's guessed
- * experts: 1 on, 0 off, -1 back to $GLM53_GPU_EXPERT_LOOKAHEAD (default on).
- * Placement only: results are the same either way. Bench and test use. */
-void glm53_gpu_set_expert_lookahead(int on);
+ * experts: GLM53_GPU_LA_OFF, _ALL (every guess after every layer call),
+ * _IDLE (the default: one guess, only after a layer call that copied
+ * nothing of its own, i.e. while the copy engine would idle), -1 back to
+ * $GLM53_GPU_EXPERT_LOOKAHEAD (0 | all | idle). Placement only: results
+ * are the same in every mode. Bench and test use. */
+enum { GLM53_GPU_LA_OFF = 0, GLM53_GPU_LA_ALL = 1, GLM53_GPU_LA_IDLE = 2 };
+void glm53_gpu_set_expert_lookahead(int mode);
 
 /* The GEMM form of the MLA attention for long chunks: 1 on (default, unless
  * GLM53_GPU_MLA_GEMM=0 or its startup check failed), 0 off. Bench use. */

@@ -9,10 +9,12 @@
  * product reads never changes its arithmetic, so results do not depend on
  * the placement (tests/gpu/test_gpu_expert_cache.c). */
 #include "gpu/gpu_internal.h"
+#include "gpu/glm53_gpu.h"
 #include "model/model.h"
 #include "core/err.h"
 #include "core/log.h"
 #include "core/util.h"
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -272,6 +274,11 @@ int gpu_xcache_prefetch_slot(gpu_xcache *x, int l, int e) {
   x->s_pref[s] = 1;
   x->prefetches++;
   return s;
+}
+
+int gpu_xcache_lookahead_quota(int mode, uint64_t own) {
+  if (mode == GLM53_GPU_LA_ALL) return INT_MAX;
+  return mode == GLM53_GPU_LA_IDLE && own == 0 ? GPU_LA_IDLE_MAX : 0;
 }
 
 void gpu_xcache_count(gpu_xcache *x, int l, int e) {

@@ -158,6 +158,18 @@ void gpu_xcache_count(gpu_xcache *x, int l, int e);
 #define GPU_XC_HELD (-1)
 #define GPU_XC_FULL (-2)
 int gpu_xcache_prefetch_slot(gpu_xcache *x, int l, int e);
+/* How many guessed experts a layer call may copy ahead (look-ahead mode
+ * GLM53_GPU_LA_*, own: the copies of its own experts it queued): every
+ * guess (ALL), none (OFF), or in IDLE mode GPU_LA_IDLE_MAX, and only when
+ * own is 0. Why: a streamed decode step is bound by the host link (a
+ * 50 MB bf16 expert takes ~0.9 ms at 55 GB/s, a layer's compute ~0.3 ms),
+ * so a guess queued behind the layer's own copies delays the next layer's
+ * real misses and a wrong one only adds bytes (ALL measured 30-40% slower
+ * than OFF in gpu_decode's stream bench, docs/gpu-measurements.md,
+ * nineteenth session); only a layer that copies nothing leaves the link
+ * idle. */
+#define GPU_LA_IDLE_MAX 1
+int gpu_xcache_lookahead_quota(int mode, uint64_t own);
 int gpu_xcache_prefetch(gpu_xcache *x, int l, int e, gpu_mat *h_exp_l, gpu_mat *d_exp_l);
 /* The compute stream waits for expert e's copy. */
 int gpu_xcache_ready(gpu_xcache *x, int l, int e);

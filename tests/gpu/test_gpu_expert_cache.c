@@ -3,7 +3,8 @@
  * streamed from host memory through the cache slots), a budget that keeps
  * some layers resident, and a single cache slot (eviction inside one layer
  * call), each with the look-ahead copies of the next layer's guessed
- * experts (and once without), on the fixture model and on models/tiny
+ * experts (every guess, or the default idle mode: one guess after a
+ * copy-free layer call; and once without), on the fixture model and on models/tiny
  * (when present):
  *  - GEMV mode (GLM53_GPU_GEMM_MIN above every chunk): bitwise equal;
  *  - default mode (cuBLAS for chunks of >= 32 tokens, one GEMM per expert
@@ -11,7 +12,8 @@
  * prefill chunks and decode steps both; the cache statistics must show
  * copies while streaming, hits when the cache holds every streamed expert,
  * look-ahead copies with the default slots (twice top-k: one layer's
- * experts and the next's guessed ones) and none when it is off. No device: SKIP. */
+ * experts and the next's guessed ones) when every guess is copied, and none
+ * when it is off. No device: SKIP. */
 #include "glm53.h"
 #include "gpu_test.h"
 #include "gpu/kernels/gk.h"
@@ -25,7 +27,7 @@ typedef struct {
   double gb;      /* load option */
   const char *slots; /* $GLM53_GPU_EXPERT_SLOTS or NULL */
   int expect_hits;   /* the cache holds every streamed expert */
-  int no_lookahead;  /* glm53_gpu_set_expert_lookahead(0) */
+  int lookahead;     /* glm53_gpu_set_expert_lookahead(GLM53_GPU_LA_*) */
   int expect_prefetch; /* look-ahead copies expected (free slots beyond one layer's experts) */
 } placement;
 
@@ -46,7 +48,7 @@ static void compare(const char *what, glm53_model *(*load)(double gb, void *ctx)
     for (int p = 0; p < npl; p++) {
       if (pl[p].slots) setenv("GLM53_GPU_EXPERT_SLOTS", pl[p].slots, 1);
       else unsetenv("GLM53_GPU_EXPERT_SLOTS");
-      glm53_gpu_set_expert_lookahead(pl[p].no_lookahead ? 0 : 1);
+      glm53_gpu_set_expert_lookahead(pl[p].lookahead);
       glm53_model *m = load(pl[p].gb, ctx);
       CHECK(m != NULL, "%s %s: load: %s", what, pl[p].name, glm53_last_error());
       if (!m) continue;
@@ -70,7 +72,7 @@ static void compare(const char *what, glm53_model *(*load)(double gb, void *ctx)
         CHECK(st.bytes_h2d > 0 || (pl[p].expect_hits && ch > 0), "%s %s: no expert was copied", what, pl[p].name);
         if (pl[p].expect_hits) CHECK(st.hits > 0, "%s %s: no cache hit", what, pl[p].name);
         CHECK(st.prefetch_hits <= st.prefetches, "%s %s: more look-ahead hits than copies", what, pl[p].name);
-        if (pl[p].no_lookahead) CHECK(st.prefetches == 0, "%s %s: look-ahead copies while off", what, pl[p].name);
+        if (pl[p].lookahead == GLM53_GPU_LA_OFF) CHECK(st.prefetches == 0, "%s %s: look-ahead copies while off", what, pl[p].name);
         if (pl[p].expect_prefetch) CHECK(st.prefetches > 0, "%s %s: no look-ahead copy", what, pl[p].name);
       }
       glm53_model_free(m);
@@ -104,11 +106,12 @@ int main(void) {
   /* fixture experts: f32 16x32, 16x32, 32x16 -> 3 x 2 KB blobs; 8 per MoE layer */
   const double blob = 6.0 * 1024 / 1e9;
   const placement pl[] = {
-      {"nothing resident", 1e-12, NULL, 0, 0, 1},
-      {"nothing resident, no look-ahead", 1e-12, NULL, 0, 1, 0},
-      {"two layers resident", blob * (16 + 4), "4", 0, 0, 0},
-      {"one slot", 1e-12, "1", 0, 0, 0},
-      {"cache holds all", 1e-12, "32", 1, 0, 0},
+      {"nothing resident", 1e-12, NULL, 0, GLM53_GPU_LA_ALL, 1},
+      {"nothing resident, idle look-ahead", 1e-12, NULL, 0, GLM53_GPU_LA_IDLE, 0},
+      {"nothing resident, no look-ahead", 1e-12, NULL, 0, GLM53_GPU_LA_OFF, 0},
+      {"two layers resident", blob * (16 + 4), "4", 0, GLM53_GPU_LA_ALL, 0},
+      {"one slot", 1e-12, "1", 0, GLM53_GPU_LA_ALL, 0},
+      {"cache holds all", 1e-12, "32", 1, GLM53_GPU_LA_IDLE, 0},
   };
   const int n = 48;
   int32_t tok[48];
@@ -122,8 +125,10 @@ int main(void) {
       int V = glm53_model_vocab_size(probe);
       glm53_model_free(probe);
       for (int i = 0; i < n; i++) tok[i] = (int32_t)(trng_u64(&r) % (uint64_t)V);
-      const placement pt[] = {{"nothing resident", 1e-12, NULL, 0, 0, 0}, {"one slot", 1e-12, "1", 0, 0, 0}};
-      compare("tiny", load_tiny, (void *)tiny, pt, 2, tok, n);
+      const placement pt[] = {{"nothing resident", 1e-12, NULL, 0, GLM53_GPU_LA_ALL, 0},
+                              {"nothing resident, idle look-ahead", 1e-12, NULL, 0, GLM53_GPU_LA_IDLE, 0},
+                              {"one slot", 1e-12, "1", 0, GLM53_GPU_LA_ALL, 0}};
+      compare("tiny", load_tiny, (void *)tiny, pt, 3, tok, n);
     } else
       CHECK(0, "models/tiny: %s", glm53_last_error());
   } else

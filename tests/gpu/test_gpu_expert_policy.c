@@ -16,9 +16,17 @@
  *    guesses never take a slot of the current call, only a used guess
  *    counts as a prefetch hit, and the hit rate rises by more than 40
  *    points over no look-ahead under uniform routing; with every other
- *    slot claimed the next guess gets GPU_XC_FULL. */
+ *    slot claimed the next guess gets GPU_XC_FULL;
+ *  - the look-ahead quota (gpu_xcache_lookahead_quota, moe_stream's
+ *    choice of how many guesses to copy): none when off, every guess in
+ *    the "all" mode, and in the default "idle" mode GPU_LA_IDLE_MAX after
+ *    a call that copied nothing of its own, none after one that copied;
+ *    simulated, the idle mode copies guesses only after copy-free calls
+ *    and at most GPU_LA_IDLE_MAX each. */
 #include "gpu/gpu_internal.h"
+#include "gpu/glm53_gpu.h"
 #include "test_util.h"
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -103,10 +111,13 @@ static void draw(trng *r, int *ids) {
   }
 }
 
-/* Uniform routing over the layers in turn; with la, after each call but the
- * last layer's, the next layer's routing (drawn ahead) is guessed with its
- * first 6 experts right and 2 wrong ones. Returns the hit rate. */
-static double run_lookahead(int lfu, int la, uint64_t seed, int *bad, unsigned long long *pf, unsigned long long *pfh) {
+/* Uniform routing over the layers in turn; with look-ahead mode la (not
+ * off), after each call but the last layer's, the next layer's routing
+ * (drawn ahead) is guessed with its first 6 experts right and 2 wrong ones,
+ * and as many guesses copied as the mode's quota allows (idle: *idle_calls
+ * counts the copy-free calls). Returns the hit rate. */
+static double run_lookahead(int lfu, int la, uint64_t seed, int *bad, unsigned long long *pf, unsigned long long *pfh,
+                            unsigned long long *idle_calls) {
   sim s;
   sim_init(&s, lfu);
   trng r = {seed};
@@ -117,8 +128,11 @@ static double run_lookahead(int lfu, int la, uint64_t seed, int *bad, unsigned l
     memcpy(ids, next, sizeof ids);
     draw(&r, next);
     int v = 0;
+    const uint64_t miss0 = s.x.misses;
     if (layer_call(&s, l, ids, &v) || v) (*bad)++;
-    if (!la || l == NL - 1) continue;
+    if (la == GLM53_GPU_LA_OFF || l == NL - 1) continue;
+    const int quota = gpu_xcache_lookahead_quota(la, s.x.misses - miss0);
+    if (idle_calls) *idle_calls += s.x.misses == miss0;
     int guess[K];
     memcpy(guess, next, sizeof guess);
     for (int i = 6; i < K; i++) /* wrong guesses: experts the next layer does not use */
@@ -127,7 +141,8 @@ static double run_lookahead(int lfu, int la, uint64_t seed, int *bad, unsigned l
         for (int j = 0; j < K; j++) used |= next[j] == e || (j < i && guess[j] == e);
         if (!used) { guess[i] = e; break; }
       }
-    for (int i = 0; i < K; i++) {
+    const uint64_t pf0 = s.x.prefetches;
+    for (int i = 0; i < K && s.x.prefetches - pf0 < (uint64_t)quota; i++) {
       const int p = gpu_xcache_prefetch_slot(&s.x, l + 1, guess[i]);
       if (p == GPU_XC_FULL) break;
       /* never a slot of this call: its experts stay where they are */
@@ -193,7 +208,8 @@ int main(void) {
   for (int lfu = 0; lfu < 2; lfu++) {
     unsigned long long pf0, pfh0, pf, pfh;
     int bad_la = 0;
-    double base = run_lookahead(lfu, 0, 11, &bad_la, &pf0, &pfh0), la = run_lookahead(lfu, 1, 11, &bad_la, &pf, &pfh);
+    double base = run_lookahead(lfu, GLM53_GPU_LA_OFF, 11, &bad_la, &pf0, &pfh0, NULL),
+           la = run_lookahead(lfu, GLM53_GPU_LA_ALL, 11, &bad_la, &pf, &pfh, NULL);
     printf("%s, uniform routing: hit rate %.1f%% without look-ahead, %.1f%% with (6 of 8 guessed right): %llu "
            "look-ahead copies, %llu used\n", lfu ? "lfu" : "lru", 100 * base, 100 * la, pf, pfh);
     CHECK(bad_la == 0, "%s look-ahead: %d steps broke the invariants or took a slot of the current call", lfu ? "lfu" : "lru", bad_la);
@@ -202,5 +218,42 @@ int main(void) {
     CHECK(la > base + 0.40, "%s look-ahead hit rate %.3f vs %.3f without", lfu ? "lfu" : "lru", la, base);
   }
   CHECK(full_case(), "look-ahead with no free slot: expected %d copies, then GPU_XC_FULL", SLOTS - K);
+  CHECK(gpu_xcache_lookahead_quota(GLM53_GPU_LA_OFF, 0) == 0 && gpu_xcache_lookahead_quota(GLM53_GPU_LA_OFF, 3) == 0,
+        "look-ahead off: a quota");
+  CHECK(gpu_xcache_lookahead_quota(GLM53_GPU_LA_ALL, 0) == INT_MAX && gpu_xcache_lookahead_quota(GLM53_GPU_LA_ALL, 5) == INT_MAX,
+        "look-ahead all: not every guess");
+  CHECK(gpu_xcache_lookahead_quota(GLM53_GPU_LA_IDLE, 0) == GPU_LA_IDLE_MAX && GPU_LA_IDLE_MAX > 0 &&
+            gpu_xcache_lookahead_quota(GLM53_GPU_LA_IDLE, 1) == 0 && gpu_xcache_lookahead_quota(GLM53_GPU_LA_IDLE, 8) == 0,
+        "look-ahead idle: quota %d after a copy-free call, %d after one copy", gpu_xcache_lookahead_quota(GLM53_GPU_LA_IDLE, 0),
+        gpu_xcache_lookahead_quota(GLM53_GPU_LA_IDLE, 1));
+  /* the idle mode on a working set that fits: layers 0 and 1 always route
+   * to the same 8 experts each (16 slots); after each layer-0 call 8
+   * wrong guesses for layer 1 are offered. Copy-free calls get one guess
+   * copied, calls that copied get none. */
+  for (int lfu = 0; lfu < 2; lfu++) {
+    sim s;
+    sim_init(&s, lfu);
+    int ids[2][K], guess[K], v = 0, bad_idle = 0;
+    unsigned long long idle = 0, over = 0;
+    for (int i = 0; i < K; i++) ids[0][i] = i, ids[1][i] = K + i, guess[i] = 2 * K + i;
+    for (int step = 0; step < 200; step++) {
+      const int l = step % 2;
+      const uint64_t miss0 = s.x.misses;
+      if (layer_call(&s, l, ids[l], &v) || v) bad_idle++;
+      if (l) continue;
+      const int quota = gpu_xcache_lookahead_quota(GLM53_GPU_LA_IDLE, s.x.misses - miss0);
+      idle += s.x.misses == miss0;
+      const uint64_t pf0 = s.x.prefetches;
+      for (int i = 0; i < K && s.x.prefetches - pf0 < (uint64_t)quota; i++)
+        if (gpu_xcache_prefetch_slot(&s.x, 1, guess[i]) == GPU_XC_FULL) break;
+      over += s.x.prefetches - pf0 > (s.x.misses == miss0 ? (uint64_t)GPU_LA_IDLE_MAX : 0);
+      if (!consistent(&s)) bad_idle++;
+    }
+    printf("%s, idle look-ahead on a working set that fits: %llu of 100 layer-0 calls copy-free, %llu look-ahead copies\n",
+           lfu ? "lfu" : "lru", idle, (unsigned long long)s.x.prefetches);
+    CHECK(bad_idle == 0, "%s idle look-ahead: %d steps broke the invariants", lfu ? "lfu" : "lru", bad_idle);
+    CHECK(idle > 0 && s.x.prefetches > 0 && over == 0, "%s idle look-ahead: %llu copy-free calls, %llu copies, %llu calls over quota",
+          lfu ? "lfu" : "lru", idle, (unsigned long long)s.x.prefetches, over);
+  }
   TEST_DONE();
 }

@@ -1472,7 +1472,7 @@ static void mla_mha_case(int fmt, int H, int nope, int vd, int kl, int P, int K,
       /* the queries given in bf16 (gk_mla_q16, the host's rounding of q):
        * the fused kernels give the fp32 queries' bits; the GEMMs are not
        * offered the buffer */
-      gk_set_mla_q16(1); /* (opt-in) */
+      gk_set_mla_q16(1); /* (whatever the environment says) */
       void *q16 = gk_mla_q16(&W.g, T, pos0, H, nope, vd, kl, P, K);
       gk_set_mla_q16(-1);
       CHECK(!q16 == !fl, "mla mha %s: gk_mla_q16 %s", form, q16 ? "offered for the GEMMs" : "declined for the fused kernel");

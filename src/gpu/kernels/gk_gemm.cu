@@ -249,7 +249,7 @@ extern "C" int gk_side_join(void) { return 0; }
  * Captured only: the fork and join become graph edges, so they cost
  * nothing per replay (direct launches would pay two event calls a site).
  * Opt-in (GLM53_GPU_BRANCH=1): the comb branch measured 0.10 ms per token
- * slower on an H100 (docs/gpu.md, eighteenth session). */
+ * slower on an H100 (docs/gpu-measurements.md, eighteenth session). */
 static int g_branch_env = -1;
 extern "C" void gk_set_branch(int on) { g_branch_env = on < 0 ? -1 : !!on; }
 #if !GK_HIP
@@ -277,7 +277,7 @@ static int g_gemm_min = -1;
 extern "C" int gk_gemm_min(void) {
   if (g_gemm_min < 0) {
     const char *e = getenv("GLM53_GPU_GEMM_MIN");
-    g_gemm_min = e && atoi(e) > 0 ? atoi(e) : 8; /* measured crossover, docs/gpu.md "Measured in the fifth session" */
+    g_gemm_min = e && atoi(e) > 0 ? atoi(e) : 8; /* measured crossover, docs/gpu-measurements.md, fifth session */
   }
   return g_gemm_min;
 }

@@ -548,7 +548,7 @@ extern "C" int gk_mhc_proj(const gpu_mat *fn, const float *X, int T, int hc, int
 /* GLM53_GPU_MHC_FUSE=1: the post and the next projection in one launch
  * (opt-in: per 4096-token prefill its first version measured 11 ms slower
  * than the two launches on an H100, this one 5 ms slower on an H200;
- * docs/gpu.md, Measured, eleventh session) */
+ * docs/gpu-measurements.md, eleventh session) */
 static int g_mhc_fuse = -1;
 extern "C" void gk_set_mhc_fuse(int on) { g_mhc_fuse = on < 0 ? -1 : !!on; }
 static bool al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
@@ -955,7 +955,7 @@ static int g_raw16 = -1;
 extern "C" void gk_set_kda_raw16(int on) { g_raw16 = on < 0 ? -1 : !!on; }
 extern "C" int gk_kda_raw16(void) {
   /* opt-in: measured no faster on the H100 (the conv's 2-byte loads cost what
-   * the GEMM's halved writes save; docs/gpu.md, seventeenth session) */
+   * the GEMM's halved writes save; docs/gpu-measurements.md, seventeenth session) */
   if (g_raw16 < 0) g_raw16 = getenv("GLM53_GPU_KDA_RAW") && !strcmp(getenv("GLM53_GPU_KDA_RAW"), "bf16");
   return g_raw16;
 }

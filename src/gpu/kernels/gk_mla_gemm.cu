@@ -596,8 +596,9 @@ static bool mha_takes(const gpu_mat *kvb, int T, int pos0, int H, int nope, int 
          kl % 2 == 0 && kvb->fmt != GF_F32 && kvb->rows == H * (nope + vd) && kvb->cols == kl;
 }
 #endif
-/* GLM53_GPU_MLA_Q16=1: gk_mla_q16 offers its buffer (opt-in: not yet run
- * on a device, docs/gpu.md eighteenth session) */
+/* gk_mla_q16 offers its buffer unless GLM53_GPU_MLA_Q16=0 (same bits;
+ * 1.2-5.3 ms faster per 4096-token prefill on an H100,
+ * docs/gpu-measurements.md, nineteenth session) */
 static int g_q16 = -1;
 extern "C" void gk_set_mla_q16(int on) { g_q16 = on < 0 ? -1 : !!on; }
 extern "C" void *gk_mla_q16(const gpu_mat *kvb, int T, int pos0, int H, int nope, int vd, int kl, int P, int K) {
@@ -605,7 +606,7 @@ extern "C" void *gk_mla_q16(const gpu_mat *kvb, int T, int pos0, int H, int nope
   (void)kvb; (void)T; (void)pos0; (void)H; (void)nope; (void)vd; (void)kl; (void)P; (void)K;
   return NULL;
 #else
-  if (g_q16 < 0) g_q16 = getenv("GLM53_GPU_MLA_Q16") && !strcmp(getenv("GLM53_GPU_MLA_Q16"), "1");
+  if (g_q16 < 0) g_q16 = !(getenv("GLM53_GPU_MLA_Q16") && !strcmp(getenv("GLM53_GPU_MLA_Q16"), "0"));
   if (!g_q16 || T <= 0 || !mha_takes(kvb, T, pos0, H, nope, vd, kl, P, K) || !gk_mla_flash_fits(nope, vd, P)) return NULL;
   return buf(5, (size_t)T * H * nope * 2);
 #endif
