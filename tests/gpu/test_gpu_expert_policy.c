@@ -114,10 +114,9 @@ static void draw(trng *r, int *ids) {
 /* Uniform routing over the layers in turn; with look-ahead mode la (not
  * off), after each call but the last layer's, the next layer's routing
  * (drawn ahead) is guessed with its first 6 experts right and 2 wrong ones,
- * and as many guesses copied as the mode's quota allows (idle: *idle_calls
- * counts the copy-free calls). Returns the hit rate. */
-static double run_lookahead(int lfu, int la, uint64_t seed, int *bad, unsigned long long *pf, unsigned long long *pfh,
-                            unsigned long long *idle_calls) {
+ * and as many guesses copied as the mode's quota allows. Returns the hit
+ * rate. */
+static double run_lookahead(int lfu, int la, uint64_t seed, int *bad, unsigned long long *pf, unsigned long long *pfh) {
   sim s;
   sim_init(&s, lfu);
   trng r = {seed};
@@ -132,7 +131,6 @@ static double run_lookahead(int lfu, int la, uint64_t seed, int *bad, unsigned l
     if (layer_call(&s, l, ids, &v) || v) (*bad)++;
     if (la == GLM53_GPU_LA_OFF || l == NL - 1) continue;
     const int quota = gpu_xcache_lookahead_quota(la, s.x.misses - miss0);
-    if (idle_calls) *idle_calls += s.x.misses == miss0;
     int guess[K];
     memcpy(guess, next, sizeof guess);
     for (int i = 6; i < K; i++) /* wrong guesses: experts the next layer does not use */
@@ -208,8 +206,8 @@ int main(void) {
   for (int lfu = 0; lfu < 2; lfu++) {
     unsigned long long pf0, pfh0, pf, pfh;
     int bad_la = 0;
-    double base = run_lookahead(lfu, GLM53_GPU_LA_OFF, 11, &bad_la, &pf0, &pfh0, NULL),
-           la = run_lookahead(lfu, GLM53_GPU_LA_ALL, 11, &bad_la, &pf, &pfh, NULL);
+    double base = run_lookahead(lfu, GLM53_GPU_LA_OFF, 11, &bad_la, &pf0, &pfh0),
+           la = run_lookahead(lfu, GLM53_GPU_LA_ALL, 11, &bad_la, &pf, &pfh);
     printf("%s, uniform routing: hit rate %.1f%% without look-ahead, %.1f%% with (6 of 8 guessed right): %llu "
            "look-ahead copies, %llu used\n", lfu ? "lfu" : "lru", 100 * base, 100 * la, pf, pfh);
     CHECK(bad_la == 0, "%s look-ahead: %d steps broke the invariants or took a slot of the current call", lfu ? "lfu" : "lru", bad_la);
