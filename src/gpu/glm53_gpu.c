@@ -429,6 +429,25 @@ static double expert_budget(const glm53_model *m) {
   return (double)fr > reserve ? (double)fr - reserve : 0;
 }
 
+/* Expert streaming's look-ahead mode (GLM53_GPU_LA_*; $GLM53_GPU_EXPERT_LOOKAHEAD
+ * 0 | all | idle, default idle): decode steps and small batches only (a
+ * long chunk uses most experts of every layer). */
+static int g_lookahead = -1;
+void glm53_gpu_set_expert_lookahead(int mode) {
+  g_lookahead = mode == GLM53_GPU_LA_OFF || mode == GLM53_GPU_LA_ALL || mode == GLM53_GPU_LA_IDLE ? mode : -1;
+}
+static int lookahead_mode(void) {
+  if (g_lookahead < 0) {
+    const char *e = getenv("GLM53_GPU_EXPERT_LOOKAHEAD");
+    g_lookahead = GLM53_GPU_LA_IDLE;
+    if (e && (!strcmp(e, "0") || !strcmp(e, "off"))) g_lookahead = GLM53_GPU_LA_OFF;
+    else if (e && (!strcmp(e, "all") || !strcmp(e, "1"))) g_lookahead = GLM53_GPU_LA_ALL;
+    else if (e && *e && strcmp(e, "idle"))
+      LOG_WARN("GLM53_GPU_EXPERT_LOOKAHEAD=%s: expected 0, all or idle; using idle", e);
+  }
+  return g_lookahead;
+}
+
 static int place_experts(glm53_model *m, gmodel *g) {
   const glm53_config *c = &m->cfg;
   const int E = c->n_routed_experts;
@@ -451,13 +470,14 @@ static int place_experts(glm53_model *m, gmodel *g) {
     G->d_exp = mdev(g, (size_t)E * 3 * sizeof(gpu_mat));
     if (!G->d_exp || gk_h2d(G->d_exp, G->h_exp, (size_t)E * 3 * sizeof(gpu_mat))) return glm53_err("gpu: %s", gk_error());
   }
-  if (g->xc.active)
+  if (g->xc.active) {
+    static const char *la[] = {"off", "every guess", "idle"};
     LOG_INFO("gpu experts: %ld resident (%.2f GB), %ld streamed from %s host memory through %d cache slots of %.1f MB "
-             "(budget %.2f GB); decode graph replay off while streaming",
+             "(budget %.2f GB); decode graph replay off while streaming; look-ahead %s",
              g->xc.resident, g->xc.resident_bytes / 1e9, g->xc.streamed, g->xc.host_pinned ? "pinned" : "pageable",
-             g->xc.nslots, g->xc.slot_bytes / 1e6, budget / 1e9);
+             g->xc.nslots, g->xc.slot_bytes / 1e6, budget / 1e9, la[lookahead_mode()]);
+  }
   return 0;
-  return rc;
 }
 
 static int gpu_model_init(glm53_model *m) {
@@ -915,24 +935,6 @@ static int expert_dev(const glm53_config *c, const glayer *G, acts *A, int T, in
   return gk_scatter_rows(A->eo, A->xo, A->prow + cnt[e], n, D);
 }
 
-/* Expert streaming's look-ahead mode (GLM53_GPU_LA_*; $GLM53_GPU_EXPERT_LOOKAHEAD
- * 0 | all | idle, default idle): decode steps and small batches only (a
- * long chunk uses most experts of every layer). */
-static int g_lookahead = -1;
-void glm53_gpu_set_expert_lookahead(int mode) {
-  g_lookahead = mode == GLM53_GPU_LA_OFF || mode == GLM53_GPU_LA_ALL || mode == GLM53_GPU_LA_IDLE ? mode : -1;
-}
-static int lookahead_mode(void) {
-  if (g_lookahead < 0) {
-    const char *e = getenv("GLM53_GPU_EXPERT_LOOKAHEAD");
-    g_lookahead = GLM53_GPU_LA_IDLE;
-    if (e && (!strcmp(e, "0") || !strcmp(e, "off"))) g_lookahead = GLM53_GPU_LA_OFF;
-    else if (e && (!strcmp(e, "all") || !strcmp(e, "1"))) g_lookahead = GLM53_GPU_LA_ALL;
-    else if (e && *e && strcmp(e, "idle"))
-      LOG_WARN("GLM53_GPU_EXPERT_LOOKAHEAD=%s: expected 0, all or idle; using idle", e);
-  }
-  return g_lookahead;
-}
 /* the first layer after l with streamed experts, or -1 */
 static int next_streamed(const gpu_xcache *x, int l) {
   for (int j = l + 1; j < x->nlayers; j++)
