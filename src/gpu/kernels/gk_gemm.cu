@@ -203,6 +203,16 @@ static int fork_join(gk_fork *f) {
   GK_TRY(cudaStreamWaitEvent(cudaStreamPerThread, f->ev[1], 0));
   return rc;
 }
+/* the compute stream's capture: 1 capturing, 0 not, -1 invalidated or the
+ * query failed (its error cleared): either fork declines then */
+static int capture_state(void) {
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(cudaStreamPerThread, &cs) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  return cs == cudaStreamCaptureStatusActive ? 1 : cs == cudaStreamCaptureStatusNone ? 0 : -1;
+}
 #endif
 
 /* ---- the side stream (gk.h) ---- */
@@ -215,12 +225,7 @@ static gk_fork g_side;
 static int g_side_ok; /* the stream's cuBLAS handle made too */
 extern "C" int gk_side_fork(void) {
   if (g_side_env < 0) g_side_env = getenv("GLM53_GPU_SIDE") && !strcmp(getenv("GLM53_GPU_SIDE"), "1");
-  if (!g_side_env || !g_blas_ok || g_side.open || gk_kprof_active()) return 0;
-  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(cudaStreamPerThread, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
-    (void)cudaGetLastError();
-    return 0;
-  }
+  if (!g_side_env || !g_blas_ok || g_side.open || gk_kprof_active() || capture_state() != 0) return 0;
   if (!g_side_ok) {
     if (fork_make(&g_side)) return -1;
     if (!g_blas_side && cublasCreate(&g_blas_side) != CUBLAS_STATUS_SUCCESS) {
@@ -256,13 +261,7 @@ extern "C" void gk_set_branch(int on) { g_branch_env = on < 0 ? -1 : !!on; }
 static gk_fork g_br;
 extern "C" int gk_branch_fork(void) {
   if (g_branch_env < 0) g_branch_env = getenv("GLM53_GPU_BRANCH") && !strcmp(getenv("GLM53_GPU_BRANCH"), "1");
-  if (!g_branch_env || g_br.open || on_side()) return 0;
-  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(cudaStreamPerThread, &cs) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  if (cs != cudaStreamCaptureStatusActive) return 0;
+  if (!g_branch_env || g_br.open || on_side() || capture_state() != 1) return 0;
   return fork_make(&g_br) || fork_open(&g_br) ? -1 : 1;
 }
 extern "C" int gk_branch_back(void) { return fork_back(&g_br); }

@@ -595,6 +595,10 @@ static bool mha_takes(const gpu_mat *kvb, int T, int pos0, int H, int nope, int 
   return gk_mla_mha_on() && gk_mla_math() == GK_MLA_BF16X3 && rnd8(ctx) <= shared_max && nope % 2 == 0 && vd % 2 == 0 &&
          kl % 2 == 0 && kvb->fmt != GF_F32 && kvb->rows == H * (nope + vd) && kvb->cols == kl;
 }
+/* mha_takes, and by the fused kernel: the calls that may be given bf16 queries */
+static bool fused_takes(const gpu_mat *kvb, int T, int pos0, int H, int nope, int vd, int kl, int P, int K) {
+  return mha_takes(kvb, T, pos0, H, nope, vd, kl, P, K) && gk_mla_flash_fits(nope, vd, P);
+}
 #endif
 /* gk_mla_q16 offers its buffer unless GLM53_GPU_MLA_Q16=0 (same bits;
  * 1.2-5.3 ms faster per 4096-token prefill on an H100,
@@ -607,7 +611,7 @@ extern "C" void *gk_mla_q16(const gpu_mat *kvb, int T, int pos0, int H, int nope
   return NULL;
 #else
   if (g_q16 < 0) g_q16 = !(getenv("GLM53_GPU_MLA_Q16") && !strcmp(getenv("GLM53_GPU_MLA_Q16"), "0"));
-  if (!g_q16 || T <= 0 || !mha_takes(kvb, T, pos0, H, nope, vd, kl, P, K) || !gk_mla_flash_fits(nope, vd, P)) return NULL;
+  if (!g_q16 || T <= 0 || !fused_takes(kvb, T, pos0, H, nope, vd, kl, P, K)) return NULL;
   return buf(5, (size_t)T * H * nope * 2);
 #endif
 }
@@ -624,9 +628,9 @@ extern "C" int gk_mla_mha_gemm_out(const float *q, const void *q16, const float 
   return q16 ? gk_fail("mla mha: bf16 queries without the fused kernel") : 1;
 #else
   if (T <= 0) return 0;
-  if (q16 && (!mha_takes(kvb, T, pos0, H, nope, vd, kl, P, K) || !gk_mla_flash_fits(nope, vd, P)))
+  if (q16 && !fused_takes(kvb, T, pos0, H, nope, vd, kl, P, K))
     return gk_fail("mla mha: bf16 queries (gk_mla_q16) for a call the fused kernel does not take");
-  if (!mha_takes(kvb, T, pos0, H, nope, vd, kl, P, K)) return 1;
+  if (!q16 && !mha_takes(kvb, T, pos0, H, nope, vd, kl, P, K)) return 1;
   const int ctx = pos0 + T;
   if (blas()) return -1;
   const int lrows = rnd8(ctx), R = kvb->rows, ldh = 2 * (nope + vd);
