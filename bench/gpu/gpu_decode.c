@@ -71,8 +71,9 @@ static double decode(glm53_session *s, int steps, const int32_t *tok, float *log
  * given (gk.h: gk_set_pdl_early, gk_set_gemv_l2pf, gk_set_expert_l2pf) and
  * the KDA recurrence's layout (gk_set_kda_layout) in a fresh session (its
  * graphs capture the launch parameters), then the defaults back. */
-/* branch, rgroup: gk_set_branch / gk_set_route_group (-1: the default) */
-typedef struct { const char *what; int early, pfb, last; long xpf; int kda_layout, branch, rgroup; } decode_var;
+/* branch, rgroup, sgroup: gk_set_branch / gk_set_route_group /
+ * gk_set_shared_group (-1: the default) */
+typedef struct { const char *what; int early, pfb, last; long xpf; int kda_layout, branch, rgroup, sgroup; } decode_var;
 static double decode_variant(glm53_model *m, const decode_var *v, int steps, const int32_t *tok, float *logits) {
   gk_set_pdl_early(v->early);
   gk_set_gemv_l2pf(v->pfb, v->last);
@@ -80,6 +81,7 @@ static double decode_variant(glm53_model *m, const decode_var *v, int steps, con
   gk_set_kda_layout(v->kda_layout);
   gk_set_branch(v->branch);
   gk_set_route_group(v->rgroup);
+  gk_set_shared_group(v->sgroup);
   glm53_session *s = glm53_session_new(m, 64 + steps + 16);
   if (!s) { printf("session: %s\n", glm53_last_error()); exit(1); }
   run(s, tok, 64, logits);
@@ -91,18 +93,19 @@ static double decode_variant(glm53_model *m, const decode_var *v, int steps, con
   gk_set_kda_layout(0);
   gk_set_branch(-1);
   gk_set_route_group(-1);
+  gk_set_shared_group(-1);
   return dt;
 }
 /* the eighth session measured every L2 prefetch variant slower (docs/gpu.md):
  * two are kept as a check, with the KDA layouts' decode cost */
 static void decode_sweep(glm53_model *m, int steps, const int32_t *tok, float *logits, size_t dbytes, double bw) {
   static const decode_var vs[] = {
-      {"the defaults (late trigger, no L2 prefetch, KDA layout g4)", 0, 0, 1, 0, 0, -1, -1},
-      {"early trigger only", 1, 0, 1, 0, 0, -1, -1},
-      {"GEMV L2 prefetch 4 KB/row only (late trigger)", 0, 4096, 1, 0, 0, -1, -1},
-      {"KDA layout w4 (GLM53_GPU_KDA_LAYOUT)", 0, 0, 1, 0, GK_KR_W4, -1, -1},
-      {"KDA layout g2", 0, 0, 1, 0, GK_KR_G2, -1, -1},
-      {"the defaults again (drift)", 0, 0, 1, 0, 0, -1, -1},
+      {"the defaults (late trigger, no L2 prefetch, KDA layout g4)", 0, 0, 1, 0, 0, -1, -1, -1},
+      {"early trigger only", 1, 0, 1, 0, 0, -1, -1, -1},
+      {"GEMV L2 prefetch 4 KB/row only (late trigger)", 0, 4096, 1, 0, 0, -1, -1, -1},
+      {"KDA layout w4 (GLM53_GPU_KDA_LAYOUT)", 0, 0, 1, 0, GK_KR_W4, -1, -1, -1},
+      {"KDA layout g2", 0, 0, 1, 0, GK_KR_G2, -1, -1, -1},
+      {"the defaults again (drift)", 0, 0, 1, 0, 0, -1, -1, -1},
   };
   for (size_t i = 0; i < sizeof vs / sizeof *vs; i++) {
     const double dt = decode_variant(m, &vs[i], steps, tok, logits);
@@ -111,14 +114,14 @@ static void decode_sweep(glm53_model *m, int steps, const int32_t *tok, float *l
   }
 }
 
-/* the newest decode changes (GLM53_BENCH_QUICK too): the comb branch
- * (opt-in: measured slower) on, the grouping route launch off; two
- * rounds, interleaved, for the drift */
+/* the newest decode changes (GLM53_BENCH_QUICK too): the shared
+ * expert's down product inside the grouped down launch (the default since
+ * the twentieth session) against its own launch; two rounds, interleaved,
+ * for the drift */
 static void decode_ab(glm53_model *m, int steps, const int32_t *tok, float *logits, size_t dbytes, double bw) {
   static const decode_var vs[] = {
-      {"the defaults", 0, 0, 1, 0, 0, -1, -1},
-      {"the comb branch (GLM53_GPU_BRANCH=1)", 0, 0, 1, 0, 0, 1, -1},
-      {"route and grouping apart (GLM53_GPU_ROUTE_GROUP=0)", 0, 0, 1, 0, 0, -1, 0},
+      {"the defaults", 0, 0, 1, 0, 0, -1, -1, -1},
+      {"shared expert's down product in a launch of its own (GLM53_GPU_SHARED_GROUP=0)", 0, 0, 1, 0, 0, -1, -1, 0},
   };
   for (int round = 0; round < 2; round++)
     for (size_t i = 0; i < sizeof vs / sizeof *vs; i++) {

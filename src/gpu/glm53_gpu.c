@@ -917,6 +917,30 @@ static int mla_dev(const glm53_config *c, const gmla *w, const gk_batch *b, acts
   return gk_side_join() || rc ? -1 : 0; /* a failure between the fork and the join */
 }
 
+/* Decode (T < gk_gemm_min()): whether the shared expert's down product
+ * runs inside the routed experts' grouped down launch (gk_shared_group(),
+ * and the shared matrix has the routed down matrices' shape and format),
+ * and its rows (A->sg into A->a) when it does. */
+static int shared_down_rows(const glm53_config *c, const glayer *G, const acts *A, int T, gk_shared_rows *sh) {
+  const gpu_mat *W = &G->shared.down;
+  const int D = c->hidden_size;
+  if (!gk_shared_group() || T >= gk_gemm_min() || W->fmt != G->efmt || W->rows != D || W->cols != c->moe_intermediate_size)
+    return 0;
+  *sh = (gk_shared_rows){.W = *W, .W2 = *W, .x = A->sg, .ldx = W->cols, .y = A->a, .ldy = D, .n = T};
+  return 1;
+}
+/* the shared expert of a layer with streamed experts: what moe_body's
+ * decode gives it (the gate and up products, then the down product in a
+ * grouped launch of its own when shared_down_rows says so) */
+static int shared_dev(const glm53_config *c, const glayer *G, acts *A, int T) {
+  const int D = c->hidden_size;
+  gk_shared_rows sh;
+  if (!shared_down_rows(c, G, A, T, &sh)) return mlp_dev(&G->shared, c->swiglu_limit, A->y, T, D, A->sg, A->su, A->a);
+  TRY(gk_gate_up(&G->shared.gate, &G->shared.up, A->y, T, D, A->sg, A->su, c->swiglu_limit));
+  return gk_experts_grouped(G->d_exp, 2, 0, 0.f, G->efmt, D, sh.W.cols, NULL, NULL, 0, c->n_routed_experts,
+                            c->num_experts_per_tok, 0, NULL, sh.W.cols, NULL, D, NULL, &sh);
+}
+
 /* One expert's pairs: the decode GEMV restricted to the pairs routed to e
  * (bitwise what the all-pairs launch gives them), or for chunks of >=
  * gk_gemm_min() tokens the gathered rows through mlp_dev, as moe_dev does. */
@@ -987,7 +1011,7 @@ static int moe_stream(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
   TRY(gk_d2h_async(hidx, A->idx, (size_t)np * sizeof(int)));
   if (la >= 0) TRY(gk_d2h_async(hidx + np, A->pidx, (size_t)np * sizeof(int)));
   TRY(gk_event_on_compute(x->route_ev));
-  TRY(mlp_dev(&G->shared, c->swiglu_limit, A->y, T, D, A->sg, A->su, A->a));
+  TRY(shared_dev(c, G, A, T));
   TRY(gk_event_sync(x->route_ev));
   int *cnt = xcalloc((size_t)E + 1, sizeof(int)), *u = xmalloc((size_t)E * sizeof(int)), nu = 0;
   char *placed = xcalloc((size_t)E, 1);
@@ -1055,10 +1079,13 @@ static int moe_body(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
     TRY(gk_moe_route_pf(A->logits, G->bias, T, E, k, c->n_group, c->topk_group, c->norm_topk_prob,
                         c->routed_scaling_factor, A->idx, A->wt, dec ? G->d_exp : NULL));
   if (dec) { /* decode: pairs grouped per expert on the device, each expert's weights read once */
-    TRY(gk_matmul(&G->shared.down, A->sg, T, Is, A->a, D));
+    gk_shared_rows sh;
+    const int shg = shared_down_rows(c, G, A, T, &sh);
+    if (!shg) TRY(gk_matmul(&G->shared.down, A->sg, T, Is, A->a, D));
     if (need_group) TRY(gk_expert_group(A->idx, np, E, A->grp));
-    TRY(gk_experts_grouped(G->d_exp, 0, 1, lim, G->efmt, I, D, A->grp, A->idx, np, E, k, 1, A->y, D, A->pg, I, A->pu));
-    return gk_experts_grouped(G->d_exp, 2, 0, 0.f, G->efmt, D, I, A->grp, A->idx, np, E, k, 0, A->pg, I, A->eo, D, NULL);
+    TRY(gk_experts_grouped(G->d_exp, 0, 1, lim, G->efmt, I, D, A->grp, A->idx, np, E, k, 1, A->y, D, A->pg, I, A->pu, NULL));
+    return gk_experts_grouped(G->d_exp, 2, 0, 0.f, G->efmt, D, I, A->grp, A->idx, np, E, k, 0, A->pg, I, A->eo, D, NULL,
+                              shg ? &sh : NULL);
   }
   if (sorted) { /* prefill: pairs sorted by expert on the device, bf16 GEMMs */
     int hoff[513]; /* E <= 512 (check_dims) */

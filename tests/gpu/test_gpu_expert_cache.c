@@ -13,7 +13,9 @@
  * copies while streaming, hits when the cache holds every streamed expert,
  * look-ahead copies with the default slots (twice top-k: one layer's
  * experts and the next's guessed ones) when every guess is copied, and none
- * when it is off. No device: SKIP. */
+ * when it is off. Everything twice: with the shared expert's down product
+ * apart (the default) and inside the grouped launches (gk_set_shared_group;
+ * a launch of its own on layers with streamed experts). No device: SKIP. */
 #include "glm53.h"
 #include "gpu_test.h"
 #include "gpu/kernels/gk.h"
@@ -117,21 +119,29 @@ int main(void) {
   int32_t tok[48];
   trng r = {1234};
   for (int i = 0; i < n; i++) tok[i] = (int32_t)(trng_u64(&r) % (uint64_t)c.vocab_size);
-  compare("fixture", load_fixture, &c, pl, (int)(sizeof pl / sizeof *pl), tok, n);
   const char *tiny = "models/tiny";
+  int32_t ttok[48];
+  int have_tiny = 0;
   if (access("models/tiny/config.json", R_OK) == 0) {
     glm53_model *probe = glm53_model_load(tiny, &(glm53_load_opts){.backend = "cpu"});
+    CHECK(probe != NULL, "models/tiny: %s", glm53_last_error());
     if (probe) {
       int V = glm53_model_vocab_size(probe);
       glm53_model_free(probe);
-      for (int i = 0; i < n; i++) tok[i] = (int32_t)(trng_u64(&r) % (uint64_t)V);
-      const placement pt[] = {{"nothing resident", 1e-12, NULL, 0, GLM53_GPU_LA_ALL, 0},
-                              {"nothing resident, idle look-ahead", 1e-12, NULL, 0, GLM53_GPU_LA_IDLE, 0},
-                              {"one slot", 1e-12, "1", 0, GLM53_GPU_LA_ALL, 0}};
-      compare("tiny", load_tiny, (void *)tiny, pt, 3, tok, n);
-    } else
-      CHECK(0, "models/tiny: %s", glm53_last_error());
+      for (int i = 0; i < n; i++) ttok[i] = (int32_t)(trng_u64(&r) % (uint64_t)V);
+      have_tiny = 1;
+    }
   } else
     printf("models/tiny not present: fixture only\n");
+  const placement pt[] = {{"nothing resident", 1e-12, NULL, 0, GLM53_GPU_LA_ALL, 0},
+                          {"nothing resident, idle look-ahead", 1e-12, NULL, 0, GLM53_GPU_LA_IDLE, 0},
+                          {"one slot", 1e-12, "1", 0, GLM53_GPU_LA_ALL, 0}};
+  for (int sg = 0; sg < 2; sg++) {
+    gk_set_shared_group(sg);
+    printf("-- shared expert's down product %s\n", sg ? "inside the grouped launches" : "apart");
+    compare(sg ? "fixture+sg" : "fixture", load_fixture, &c, pl, (int)(sizeof pl / sizeof *pl), tok, n);
+    if (have_tiny) compare(sg ? "tiny+sg" : "tiny", load_tiny, (void *)tiny, pt, 3, ttok, n);
+  }
+  gk_set_shared_group(-1);
   TEST_DONE();
 }

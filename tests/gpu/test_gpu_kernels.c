@@ -424,24 +424,33 @@ static void xb16_case(void) {
 
 /* gk_expert_group + gk_experts_grouped (gate+up fused, and down) against
  * the per-pair launches, T tokens x K slots over E experts (pairs per
- * expert 1..8, so every group width), some pairs routed to -1 */
+ * expert 1..8, so every group width), some pairs routed to -1; the same
+ * launches carrying a shared expert's T tokens (gk_shared_rows) against
+ * the per-pair launch over a set of the shared expert alone (k = 1), with
+ * the routed outputs unchanged, and the shared rows alone (no pairs) */
 static void grouped_case(int fmt, int group, int I, int D) {
   enum { E = 5, K = 3, TMAX = 14 };
   static const int Ts[] = {1, 2, 5, 12, 14};
-  tmat m[E * 3];
-  gpu_mat h[E * 3];
+  tmat m[E * 3], ms[3];
+  gpu_mat h[E * 3], hs[3];
   for (int e = 0; e < E; e++)
     for (int w = 0; w < 3; w++) {
       tmat_new(&m[e * 3 + w], fmt, w == 2 ? D : I, w == 2 ? I : D, group, e & 1, 0);
       h[e * 3 + w] = m[e * 3 + w].g;
     }
-  gpu_mat *dset = dcopy(h, sizeof h);
+  for (int w = 0; w < 3; w++) {
+    tmat_new(&ms[w], fmt, w == 2 ? D : I, w == 2 ? I : D, group, 1, 0);
+    hs[w] = ms[w].g;
+  }
+  gpu_mat *dset = dcopy(h, sizeof h), *dsh = dcopy(hs, sizeof hs);
   const int PM = TMAX * K;
   float *dx = dvec((size_t)TMAX * D, -1, 1, NULL);
   float *g1 = gk_malloc((size_t)PM * I * 4), *u1 = gk_malloc((size_t)PM * I * 4), *g2 = gk_malloc((size_t)PM * I * 4);
   float *o1 = gk_malloc((size_t)PM * D * 4), *o2 = gk_malloc((size_t)PM * D * 4);
+  float *sg1 = gk_malloc((size_t)TMAX * I * 4), *sg2 = gk_malloc((size_t)TMAX * I * 4);
+  float *so1 = gk_malloc((size_t)TMAX * D * 4), *so2 = gk_malloc((size_t)TMAX * D * 4), *so3 = gk_malloc((size_t)TMAX * D * 4);
   int *didx = gk_malloc(PM * 4), *grp = gk_malloc(gk_expert_group_ints(PM, E) * 4);
-  int rc = 0, bits = 1;
+  int rc = 0, bits = 1, sbits = 1;
   for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++) {
     const int T = Ts[ti], np = T * K;
     int idx[14 * 3];
@@ -457,17 +466,36 @@ static void grouped_case(int fmt, int group, int I, int D) {
           gk_matmul_experts(dset, 1, fmt, I, D, didx, np, K, 1, dx, D, u1, I) || gk_swiglu(g1, u1, (size_t)np * I, 1.5f) ||
           gk_matmul_experts(dset, 2, fmt, D, I, didx, np, K, 0, g1, I, o1, D);
     rc |= gk_expert_group(didx, np, E, grp) ||
-          gk_experts_grouped(dset, 0, 1, 1.5f, fmt, I, D, grp, didx, np, E, K, 1, dx, D, g2, I, u1) ||
-          gk_experts_grouped(dset, 2, 0, 0.f, fmt, D, I, grp, didx, np, E, K, 0, g2, I, o2, D, NULL);
+          gk_experts_grouped(dset, 0, 1, 1.5f, fmt, I, D, grp, didx, np, E, K, 1, dx, D, g2, I, u1, NULL) ||
+          gk_experts_grouped(dset, 2, 0, 0.f, fmt, D, I, grp, didx, np, E, K, 0, g2, I, o2, D, NULL, NULL);
     bits &= dsame(g1, g2, (size_t)np * I) && dsame(o1, o2, (size_t)np * D);
+    /* the shared expert: reference per token, then inside both grouped launches, then alone */
+    rc |= gk_matmul_experts(dsh, 0, fmt, I, D, NULL, T, 1, 1, dx, D, sg1, I) ||
+          gk_matmul_experts(dsh, 1, fmt, I, D, NULL, T, 1, 1, dx, D, u1, I) || gk_swiglu(sg1, u1, (size_t)T * I, 1.5f) ||
+          gk_matmul_experts(dsh, 2, fmt, D, I, NULL, T, 1, 0, sg1, I, so1, D);
+    rc |= gk_memset(g2, 0x7f, (size_t)PM * I * 4) || gk_memset(o2, 0x7f, (size_t)PM * D * 4) ||
+          gk_memset(sg2, 0x7f, (size_t)TMAX * I * 4) || gk_memset(so2, 0x7f, (size_t)TMAX * D * 4) ||
+          gk_memset(so3, 0x7f, (size_t)TMAX * D * 4);
+    const gk_shared_rows shgu = {.W = hs[0], .W2 = hs[1], .x = dx, .ldx = D, .y = sg2, .ldy = I, .n = T};
+    const gk_shared_rows shd = {.W = hs[2], .W2 = hs[2], .x = sg1, .ldx = I, .y = so2, .ldy = D, .n = T};
+    const gk_shared_rows sha = {.W = hs[2], .W2 = hs[2], .x = sg1, .ldx = I, .y = so3, .ldy = D, .n = T};
+    rc |= gk_experts_grouped(dset, 0, 1, 1.5f, fmt, I, D, grp, didx, np, E, K, 1, dx, D, g2, I, u1, &shgu) ||
+          gk_experts_grouped(dset, 2, 0, 0.f, fmt, D, I, grp, didx, np, E, K, 0, g2, I, o2, D, NULL, &shd) ||
+          gk_experts_grouped(dset, 2, 0, 0.f, fmt, D, I, NULL, NULL, 0, E, K, 0, NULL, I, NULL, D, NULL, &sha);
+    bits &= dsame(g1, g2, (size_t)np * I) && dsame(o1, o2, (size_t)np * D);
+    sbits &= dsame(sg1, sg2, (size_t)T * I) && dsame(so1, so2, (size_t)T * D) && dsame(so1, so3, (size_t)T * D);
   }
   char nm[64];
   snprintf(nm, sizeof nm, "%s g%d %dx%d", fname(fmt), fmt >= WMAT_Q8 ? group : 0, I, D);
   CHECK(rc == 0, "grouped experts %s: %s", nm, gk_error());
   CHECK(bits, "grouped experts %s: differ from the per-pair launches", nm);
-  printf("gemv grouped experts %-24s T=1..14 (group widths 1-8, -1 pairs): bitwise %s\n", nm, bits ? "yes" : "NO");
+  CHECK(sbits, "grouped experts %s: the shared expert's rows differ from its per-token launch", nm);
+  printf("gemv grouped experts %-24s T=1..14 (group widths 1-8, -1 pairs): bitwise %s; shared rows inside / alone: bitwise %s\n",
+         nm, bits ? "yes" : "NO", sbits ? "yes" : "NO");
   for (int i = 0; i < E * 3; i++) tmat_free(&m[i]);
-  gk_free(dset); gk_free(dx); gk_free(g1); gk_free(u1); gk_free(g2); gk_free(o1); gk_free(o2); gk_free(didx); gk_free(grp);
+  for (int i = 0; i < 3; i++) tmat_free(&ms[i]);
+  gk_free(dset); gk_free(dsh); gk_free(dx); gk_free(g1); gk_free(u1); gk_free(g2); gk_free(o1); gk_free(o2);
+  gk_free(sg1); gk_free(sg2); gk_free(so1); gk_free(so2); gk_free(so3); gk_free(didx); gk_free(grp);
 }
 
 /* gk_rmsnorm2 (the MLA's q_a and kv_a norms in one launch) against two

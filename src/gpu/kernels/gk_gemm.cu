@@ -1004,15 +1004,28 @@ extern "C" int gk_matmul_expert_only(const gpu_mat *d_wset, int which, int fmt, 
 
 extern "C" int gk_experts_grouped(const gpu_mat *d_wset, int which, int gu, float limit, int fmt, int rows, int cols,
                                   const int *grp, const int *idx, int npairs, int E, int k, int xpt, const float *x,
-                                  int ldx, float *y, int ldy, float *u) {
-  if (npairs <= 0 || rows <= 0) return 0;
+                                  int ldx, float *y, int ldy, float *u, const gk_shared_rows *sh) {
+  if (sh && sh->n <= 0) sh = NULL;
+  if (npairs < 0 || rows <= 0 || (npairs == 0 && !sh)) return 0;
   const int ver = gemv_ver();
-  if (ver >= 3) return gv3_grouped(d_wset, which, gu, limit, fmt, rows, cols, grp, idx, npairs, E, k, xpt, x, ldx, y, ldy, ver == 4);
-  /* v1/v2: per-pair launches */
+  if (ver >= 3) return gv3_grouped(d_wset, which, gu, limit, fmt, rows, cols, grp, idx, npairs, E, k, xpt, x, ldx, y, ldy, sh, ver == 4);
+  /* v1/v2 (bench fallbacks): per-pair launches, the shared rows apart */
+  if (sh && (gu ? gk_gate_up(&sh->W, &sh->W2, sh->x, sh->n, sh->ldx, sh->y, u, limit)
+                : gk_matmul(&sh->W, sh->x, sh->n, sh->ldx, sh->y, sh->ldy)))
+    return -1;
+  if (!npairs) return 0;
   if (batched_gemv(d_wset, which, 3, fmt, rows, cols, idx, npairs, k, xpt, x, ldx, y, ldy, -1)) return -1;
   if (!gu) return 0;
   if (batched_gemv(d_wset, which + 1, 3, fmt, rows, cols, idx, npairs, k, xpt, x, ldx, u, ldy, -1)) return -1;
   return gk_swiglu(y, u, (size_t)npairs * ldy, limit);
+}
+
+static int g_shared_group = -1;
+extern "C" void gk_set_shared_group(int on) { g_shared_group = on < 0 ? -1 : !!on; }
+extern "C" int gk_shared_group(void) {
+  if (g_shared_group < 0)
+    g_shared_group = !(getenv("GLM53_GPU_SHARED_GROUP") && !strcmp(getenv("GLM53_GPU_SHARED_GROUP"), "0"));
+  return g_shared_group;
 }
 
 extern "C" int gk_matmul_heads(const gpu_mat *h_mats, const gpu_mat *d_mats, int H, const float *x, int T, int ldx_head,

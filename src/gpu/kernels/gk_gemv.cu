@@ -506,17 +506,44 @@ __global__ void __launch_bounds__(256, FMT <= GF_BF16 ? 3 : 2)
  * pairs as the NTK tokens of one GEMV, so an expert's weights are read
  * once per group; the last block row (g == gmax) writes zeros to the rows
  * of pairs routed to no expert (idx < 0). Per (pair, row) the arithmetic
- * of gv_exp_k (same plan, same lane/chunk order): the same bits. */
+ * of gv_exp_k (same plan, same lane/chunk order): the same bits.
+ * The shared expert (S.n > 0, gk_shared_rows) takes the first nsg =
+ * ceil(S.n / NTK) block rows, NTK of its tokens each, with the same plan
+ * and arithmetic; they come first so that they are dispatched first, and
+ * they issue their weight loads before the PDL wait (their matrix and its
+ * position do not depend on the routing). */
+typedef struct {
+  gpu_mat W, W2;
+  const float *x;
+  float *y;
+  int ldx, ldy, n, nsg;
+} gv_shx;
 template <int FMT, int NTK, int XM, bool PF>
 __global__ void __launch_bounds__(256, FMT <= GF_BF16 && NTK == 1 ? 3 : 2)
     gv_grp_k(const gpu_mat *wset, int which, int gu, float limit, const int *grp, int gmax, const int *idx, int npairs,
-             int k, int xpt, const float *x, int ldx, float *y, int ldy, int rows, int wk, int sl) {
+             int k, int xpt, const float *x, int ldx, float *y, int ldy, int rows, int wk, int sl, const gv_shx S) {
   constexpr int RW = gv_cfg<FMT, NTK, PF>::RW, E = gv_fmt<FMT>::E;
   __shared__ float red[WARPS * RW * NTK];
   const int warp = threadIdx.x >> 5, wr = warp / wk, kw = warp % wk;
   const int rpb = (WARPS / wk) * RW, row0 = blockIdx.x * rpb + wr * RW, vrows = gu ? 2 * rows : rows;
+  float acc[RW][NTK];
+  float *yrow[NTK];
+  if ((int)blockIdx.y < S.nsg) { /* the shared expert's tokens t0.. */
+    const int t0 = blockIdx.y * NTK, nt = min(NTK, S.n - t0);
+    const float *xt[NTK];
+#pragma unroll
+    for (int t = 0; t < NTK; t++) {
+      xt[t] = S.x + (size_t)(t0 + min(t, nt - 1)) * S.ldx;
+      yrow[t] = S.y + (size_t)(t0 + t) * S.ldy;
+    }
+    const int cpr = (S.W.cols + E - 1) / E, cb = min(cpr, kw * sl), ce = min(cpr, cb + sl);
+    gv_rows<FMT, NTK, XM, PF, true>(S.W, S.W2, gu, row0, xt, nt, cb, ce, 0, min(cpr, wk * sl), acc, 0);
+    if (!gv_block_reduce<RW, NTK>(acc, wk, kw, wr, red) || (threadIdx.x & 31)) return;
+    gv_store<RW, NTK>(acc, yrow, row0, vrows, nt, gu, limit);
+    return;
+  }
   GK_PDL_BEGIN(); /* grp, idx and x come from the previous kernels */
-  const int g = blockIdx.y;
+  const int g = blockIdx.y - S.nsg;
   if (g == gmax) { /* zeros for unrouted pairs, this block's (real) rows */
     const int rpr = gu ? rpb / 2 : rpb, r0 = blockIdx.x * rpr;
     for (int p = 0; p < npairs; p++)
@@ -536,10 +563,8 @@ __global__ void __launch_bounds__(256, FMT <= GF_BF16 && NTK == 1 ? 3 : 2)
   }
   const gpu_mat W = wset[(size_t)e * 3 + which], W2 = gu ? wset[(size_t)e * 3 + which + 1] : W;
   const int cpr = (W.cols + E - 1) / E, cb = min(cpr, kw * sl), ce = min(cpr, cb + sl);
-  float acc[RW][NTK];
   gv_rows<FMT, NTK, XM, PF, false>(W, W2, gu, row0, xt, cnt, cb, ce, 0, min(cpr, wk * sl), acc, 0);
   if (!gv_block_reduce<RW, NTK>(acc, wk, kw, wr, red) || (threadIdx.x & 31)) return;
-  float *yrow[NTK];
 #pragma unroll
   for (int t = 0; t < NTK; t++) yrow[t] = y + (size_t)pr[t] * ldy;
   gv_store<RW, NTK>(acc, yrow, row0, vrows, cnt, gu, limit);
@@ -811,29 +836,32 @@ extern "C" int gk_expert_group(const int *idx, int npairs, int E, int *grp) {
 template <int FMT, int NTK, bool PLAIN>
 static void gv_grp_launch(const gpu_mat *d_wset, int which, int gu, float limit, int rows, int cols, const int *grp,
                           int gmax, const int *idx, int npairs, int k, int xpt, const float *x, int ldx, float *y,
-                          int ldy) {
+                          int ldy, gv_shx S) {
   constexpr bool PF = gv_pf<FMT, NTK, PLAIN>::v;
   int wk = 1, ns = 1, sl = 0;
   gv_plan(FMT, rows, cols, WARPS, &wk, &ns, &sl); /* the plan of gv3_pairs (ns == 1) */
   constexpr int RW = gv_cfg<FMT, NTK, PF>::RW;
-  dim3 grid(gk_blocks((gu ? 2 : 1) * rows, (WARPS / wk) * RW), gmax + 1);
+  S.nsg = S.n > 0 ? (S.n + NTK - 1) / NTK : 0;
+  dim3 grid(gk_blocks((gu ? 2 : 1) * rows, (WARPS / wk) * RW), S.nsg + gmax + 1);
+  const int xv = x_vec(x, ldx) && (S.n <= 0 || x_vec(S.x, S.ldx));
   if constexpr (FMT >= GF_Q8 && NTK <= 2) {
     const int cpr = (cols + gv_fmt<FMT>::E - 1) / gv_fmt<FMT>::E;
-    const size_t sm = x_vec(x, ldx) && xs_on(FMT) ? xs_smem(FMT, NTK, cpr < wk * sl ? cpr : wk * sl) : 0;
+    const size_t sm = xv && xs_on(FMT) ? xs_smem(FMT, NTK, cpr < wk * sl ? cpr : wk * sl) : 0;
     if (sm) {
-      gk_launch(gv_grp_k<FMT, NTK, 2, PF>, grid, 256, sm, d_wset, which, gu, limit, grp, gmax, idx, npairs, k, xpt, x, ldx, y, ldy, rows, wk, sl);
+      gk_launch(gv_grp_k<FMT, NTK, 2, PF>, grid, 256, sm, d_wset, which, gu, limit, grp, gmax, idx, npairs, k, xpt, x, ldx, y, ldy, rows, wk, sl, S);
       return;
     }
   }
-  if (x_vec(x, ldx))
-    gk_launch(gv_grp_k<FMT, NTK, 1, PF>, grid, 256, 0, d_wset, which, gu, limit, grp, gmax, idx, npairs, k, xpt, x, ldx, y, ldy, rows, wk, sl);
+  if (xv)
+    gk_launch(gv_grp_k<FMT, NTK, 1, PF>, grid, 256, 0, d_wset, which, gu, limit, grp, gmax, idx, npairs, k, xpt, x, ldx, y, ldy, rows, wk, sl, S);
   else
-    gk_launch(gv_grp_k<FMT, NTK, 0, PF>, grid, 256, 0, d_wset, which, gu, limit, grp, gmax, idx, npairs, k, xpt, x, ldx, y, ldy, rows, wk, sl);
+    gk_launch(gv_grp_k<FMT, NTK, 0, PF>, grid, 256, 0, d_wset, which, gu, limit, grp, gmax, idx, npairs, k, xpt, x, ldx, y, ldy, rows, wk, sl, S);
 }
 template <int FMT, bool PLAIN>
 static void gv_grp_n(int ntk, const gpu_mat *d_wset, int which, int gu, float limit, int rows, int cols, const int *grp,
-                     int gmax, const int *idx, int npairs, int k, int xpt, const float *x, int ldx, float *y, int ldy) {
-#define GV_G(N) gv_grp_launch<FMT, N, PLAIN>(d_wset, which, gu, limit, rows, cols, grp, gmax, idx, npairs, k, xpt, x, ldx, y, ldy)
+                     int gmax, const int *idx, int npairs, int k, int xpt, const float *x, int ldx, float *y, int ldy,
+                     const gv_shx &S) {
+#define GV_G(N) gv_grp_launch<FMT, N, PLAIN>(d_wset, which, gu, limit, rows, cols, grp, gmax, idx, npairs, k, xpt, x, ldx, y, ldy, S)
   if (ntk == 1) GV_G(1);
   else if (ntk == 2) GV_G(2);
   else if (ntk == 4) GV_G(4);
@@ -842,12 +870,29 @@ static void gv_grp_n(int ntk, const gpu_mat *d_wset, int which, int gu, float li
 }
 
 int gv3_grouped(const gpu_mat *d_wset, int which, int gu, float limit, int fmt, int rows, int cols, const int *grp,
-                const int *idx, int npairs, int E, int k, int xpt, const float *x, int ldx, float *y, int ldy, int plain) {
-  if (npairs <= 0 || rows <= 0) return 0;
-  const int ntk = gk_group_ntk(npairs, E), gmax = group_max(npairs, E, ntk);
+                const int *idx, int npairs, int E, int k, int xpt, const float *x, int ldx, float *y, int ldy,
+                const gk_shared_rows *sh, int plain) {
+  if (npairs < 0 || rows <= 0 || (npairs == 0 && !sh)) return 0;
+  /* a shared-only launch (npairs 0) takes the shared tokens' own width */
+  const int ntk = npairs ? gk_group_ntk(npairs, E) : gk_group_ntk(sh->n, 1),
+            gmax = npairs ? group_max(npairs, E, ntk) : 0;
+  gv_shx S;
+  memset(&S, 0, sizeof S);
+  if (sh) {
+    if (sh->W.fmt != fmt || sh->W.rows != rows || sh->W.cols != cols ||
+        (gu && (sh->W2.fmt != fmt || sh->W2.rows != rows || sh->W2.cols != cols)))
+      return gk_fail("grouped experts: the shared expert's matrix is not the routed experts' shape and format");
+    S.W = sh->W;
+    S.W2 = gu ? sh->W2 : sh->W;
+    S.x = sh->x;
+    S.ldx = sh->ldx;
+    S.y = sh->y;
+    S.ldy = sh->ldy;
+    S.n = sh->n;
+  }
 #define GV_GF(F)                                                                                                     \
-  if (plain) gv_grp_n<F, true>(ntk, d_wset, which, gu, limit, rows, cols, grp, gmax, idx, npairs, k, xpt, x, ldx, y, ldy); \
-  else gv_grp_n<F, false>(ntk, d_wset, which, gu, limit, rows, cols, grp, gmax, idx, npairs, k, xpt, x, ldx, y, ldy)
+  if (plain) gv_grp_n<F, true>(ntk, d_wset, which, gu, limit, rows, cols, grp, gmax, idx, npairs, k, xpt, x, ldx, y, ldy, S); \
+  else gv_grp_n<F, false>(ntk, d_wset, which, gu, limit, rows, cols, grp, gmax, idx, npairs, k, xpt, x, ldx, y, ldy, S)
   switch (fmt) {
   case GF_F32: GV_GF(GF_F32); break;
   case GF_BF16: GV_GF(GF_BF16); break;

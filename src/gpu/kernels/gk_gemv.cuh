@@ -28,9 +28,11 @@ int gv3_pairs(const gpu_mat *d_wset, int which, int wstride, int fmt, int rows, 
               int k, int xpt, const float *x, int ldx, float *y, int ldy, int only, int plain);
 /* the same products grouped per expert (grp from gk_expert_group): each
  * expert's weights are read once per group of up to gk_group_ntk pairs;
- * gu: which and which + 1 fused into swiglu. Same bits as gv3_pairs. */
+ * gu: which and which + 1 fused into swiglu. Same bits as gv3_pairs.
+ * sh: the shared expert's rows in the same launch (gk.h), or NULL. */
 int gv3_grouped(const gpu_mat *d_wset, int which, int gu, float limit, int fmt, int rows, int cols, const int *grp,
-                const int *idx, int npairs, int E, int k, int xpt, const float *x, int ldx, float *y, int ldy, int plain);
+                const int *idx, int npairs, int E, int k, int xpt, const float *x, int ldx, float *y, int ldy,
+                const gk_shared_rows *sh, int plain);
 int gk_group_ntk(int npairs, int E);
 
 /* grow-only scratch (gk_gemm.cu): split-K partials, and arrival counters
