@@ -1,5 +1,6 @@
 /* Batched decode throughput on the synthetic full-dimension GLM-5.3-Flash
- * model (bench/gpu/synth_model.h: real dimensions, bf16, the release layer
+ * model (bench/gpu/synth_model.h: real dimensions, bf16 with the fp32 router
+ * and indexer head weights of converted checkpoints, the release layer
  * schedule scaled to `layers`, `experts` routed experts per MoE layer):
  * 64 sessions are prefilled with `prefill` tokens each, then for batch
  * sizes 1, 2, 4, ..., 64 the first n sessions take timed

@@ -4,7 +4,10 @@
  * experts 2048 wide top-8, dense MLP 12288, vocab 154880, hc 4) scaled down
  * with all 45 layers of the release schedule (34 KDA, 11 MLA+DSA, layers
  * 0-2 dense MLP) and fewer routed experts (default 32), bf16 weights
- * (bench/gpu/synth_model.h); a 6-layer variant for quick runs.
+ * but for the fp32 router and indexer head weights that converted
+ * checkpoints keep (since the twentieth session;
+ * GLM53_BENCH_BF16_ROUTER=1 for bf16 as before) (bench/gpu/synth_model.h);
+ * a 6-layer variant for quick runs.
  * Prints: measured D2D copy bandwidth and bf16 cuBLAS GEMM rate (ceilings),
  * batch-1 decode tok/s at short and 4K context with achieved weight
  * bandwidth, prefill tok/s at 4096 tokens with achieved TFLOP/s.
@@ -114,14 +117,16 @@ static void decode_sweep(glm53_model *m, int steps, const int32_t *tok, float *l
   }
 }
 
-/* the newest decode changes (GLM53_BENCH_QUICK too): the shared
- * expert's down product inside the grouped down launch (the default since
- * the twentieth session) against its own launch; two rounds, interleaved,
- * for the drift */
+/* the newest decode changes (GLM53_BENCH_QUICK too): the shared expert
+ * inside the grouped launches (gk_set_shared_group; the default since the
+ * twentieth session) against apart, and with all its products inside
+ * (the default already does that when the router is fp32); two rounds,
+ * interleaved, for the drift */
 static void decode_ab(glm53_model *m, int steps, const int32_t *tok, float *logits, size_t dbytes, double bw) {
   static const decode_var vs[] = {
       {"the defaults", 0, 0, 1, 0, 0, -1, -1, -1},
-      {"shared expert's down product in a launch of its own (GLM53_GPU_SHARED_GROUP=0)", 0, 0, 1, 0, 0, -1, -1, 0},
+      {"shared expert apart (GLM53_GPU_SHARED_GROUP=0)", 0, 0, 1, 0, 0, -1, -1, 0},
+      {"shared expert's gate / up inside too (GLM53_GPU_SHARED_GROUP=2)", 0, 0, 1, 0, 0, -1, -1, 2},
   };
   for (int round = 0; round < 2; round++)
     for (size_t i = 0; i < sizeof vs / sizeof *vs; i++) {
@@ -243,7 +248,9 @@ int main(int argc, char **argv) {
   double active;
   double t0 = now_sec();
   glm53_model *m = synth(E, nl, &dbytes, &active);
-  printf("synthetic model: %d layers, %d experts, %s, built in %.1f s\n", nl, E, g_q4 ? "q4 (group 32)" : "bf16", now_sec() - t0);
+  const char *rb = getenv("GLM53_BENCH_BF16_ROUTER");
+  printf("synthetic model: %d layers, %d experts, %s, router and indexer head weights %s, built in %.1f s\n", nl, E,
+         g_q4 ? "q4 (group 32)" : "bf16", rb && !strcmp(rb, "1") ? (g_q4 ? "q4" : "bf16") : "fp32", now_sec() - t0);
   if (!strcmp(mode, "stream")) return stream_bench(m, E, steps, dbytes);
   t0 = now_sec();
   if (glm53_backend_select(m, "gpu")) { printf("gpu backend: %s\n", glm53_last_error()); return 1; }

@@ -917,28 +917,37 @@ static int mla_dev(const glm53_config *c, const gmla *w, const gk_batch *b, acts
   return gk_side_join() || rc ? -1 : 0; /* a failure between the fork and the join */
 }
 
-/* Decode (T < gk_gemm_min()): whether the shared expert's down product
- * runs inside the routed experts' grouped down launch (gk_shared_group(),
- * and the shared matrix has the routed down matrices' shape and format),
- * and its rows (A->sg into A->a) when it does. */
-static int shared_down_rows(const glm53_config *c, const glayer *G, const acts *A, int T, gk_shared_rows *sh) {
-  const gpu_mat *W = &G->shared.down;
-  const int D = c->hidden_size;
-  if (!gk_shared_group() || T >= gk_gemm_min() || W->fmt != G->efmt || W->rows != D || W->cols != c->moe_intermediate_size)
-    return 0;
-  *sh = (gk_shared_rows){.W = *W, .W2 = *W, .x = A->sg, .ldx = W->cols, .y = A->a, .ldy = D, .n = T};
-  return 1;
+/* Decode (T < gk_gemm_min()): which of the shared expert's products run
+ * inside the routed experts' grouped launches (gk_shared_group(); its
+ * matrices must have the routed ones' shapes and format): 0 none, 1 the
+ * down product (su: A->sg into A->a), 2 also the gate and up products
+ * (sg: A->y into A->sg) -- mode 2, or mode 1 when the router's format
+ * differs from the shared expert's (as in converted checkpoints: fp32
+ * router, Int4 experts), since then the router and the shared gate / up
+ * are two launches anyway. */
+static int shared_rows(const glm53_config *c, const glayer *G, const acts *A, int T, gk_shared_rows *sg,
+                       gk_shared_rows *sd) {
+  const gmlp *S = &G->shared;
+  const int D = c->hidden_size, I = c->moe_intermediate_size, mode = gk_shared_group();
+  if (!mode || T >= gk_gemm_min() || S->down.fmt != G->efmt || S->down.rows != D || S->down.cols != I) return 0;
+  *sd = (gk_shared_rows){.W = S->down, .W2 = S->down, .x = A->sg, .ldx = I, .y = A->a, .ldy = D, .n = T};
+  if ((mode < 2 && G->router.fmt == S->gate.fmt) || S->gate.fmt != G->efmt || S->up.fmt != G->efmt ||
+      S->gate.rows != I || S->gate.cols != D || S->up.rows != I || S->up.cols != D)
+    return 1;
+  *sg = (gk_shared_rows){.W = S->gate, .W2 = S->up, .x = A->y, .ldx = D, .y = A->sg, .ldy = I, .n = T};
+  return 2;
 }
-/* the shared expert of a layer with streamed experts: what moe_body's
- * decode gives it (the gate and up products, then the down product in a
- * grouped launch of its own when shared_down_rows says so) */
+/* the shared expert of a layer with streamed experts, with the bits
+ * moe_body's decode gives it: each product shared_rows puts in a grouped
+ * launch runs as a grouped launch of its own */
 static int shared_dev(const glm53_config *c, const glayer *G, acts *A, int T) {
-  const int D = c->hidden_size;
-  gk_shared_rows sh;
-  if (!shared_down_rows(c, G, A, T, &sh)) return mlp_dev(&G->shared, c->swiglu_limit, A->y, T, D, A->sg, A->su, A->a);
-  TRY(gk_gate_up(&G->shared.gate, &G->shared.up, A->y, T, D, A->sg, A->su, c->swiglu_limit));
-  return gk_experts_grouped(G->d_exp, 2, 0, 0.f, G->efmt, D, sh.W.cols, NULL, NULL, 0, c->n_routed_experts,
-                            c->num_experts_per_tok, 0, NULL, sh.W.cols, NULL, D, NULL, &sh);
+  const int D = c->hidden_size, I = c->moe_intermediate_size, E = c->n_routed_experts, k = c->num_experts_per_tok;
+  gk_shared_rows sg, sd;
+  const int m = shared_rows(c, G, A, T, &sg, &sd);
+  if (!m) return mlp_dev(&G->shared, c->swiglu_limit, A->y, T, D, A->sg, A->su, A->a);
+  if (m == 2) TRY(gk_experts_grouped(G->d_exp, 0, 1, c->swiglu_limit, G->efmt, I, D, NULL, NULL, 0, E, k, 1, NULL, D, NULL, I, A->su, &sg));
+  else TRY(gk_gate_up(&G->shared.gate, &G->shared.up, A->y, T, D, A->sg, A->su, c->swiglu_limit));
+  return gk_experts_grouped(G->d_exp, 2, 0, 0.f, G->efmt, D, I, NULL, NULL, 0, E, k, 0, NULL, I, NULL, D, NULL, &sd);
 }
 
 /* One expert's pairs: the decode GEMV restricted to the pairs routed to e
@@ -1057,9 +1066,13 @@ static int moe_body(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
    * the sort's host round trip and the routed experts */
   const int side = sorted ? gk_side_fork() : 0;
   TRY(side < 0);
+  gk_shared_rows sg, sd; /* decode: the shared products inside the grouped launches */
+  const int shm = shared_rows(c, G, A, T, &sg, &sd);
   if (T >= gk_gemm_min()) { /* the shared expert (on the side stream when forked), then the router */
     TRY(gk_mlp(&G->shared.gate, &G->shared.up, &G->shared.down, A->y, T, D, A->sg, A->su, lim, A->a, D));
     TRY(gk_side_back()); /* (no-op unless forked) */
+    TRY(gk_matmul(&G->router, A->y, T, D, A->logits, E));
+  } else if (shm == 2) {
     TRY(gk_matmul(&G->router, A->y, T, D, A->logits, E));
   } else {
     const gk_prod p[] = {{.W = &G->router, .y = A->logits, .ldy = E},
@@ -1079,13 +1092,12 @@ static int moe_body(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
     TRY(gk_moe_route_pf(A->logits, G->bias, T, E, k, c->n_group, c->topk_group, c->norm_topk_prob,
                         c->routed_scaling_factor, A->idx, A->wt, dec ? G->d_exp : NULL));
   if (dec) { /* decode: pairs grouped per expert on the device, each expert's weights read once */
-    gk_shared_rows sh;
-    const int shg = shared_down_rows(c, G, A, T, &sh);
-    if (!shg) TRY(gk_matmul(&G->shared.down, A->sg, T, Is, A->a, D));
+    if (!shm) TRY(gk_matmul(&G->shared.down, A->sg, T, Is, A->a, D));
     if (need_group) TRY(gk_expert_group(A->idx, np, E, A->grp));
-    TRY(gk_experts_grouped(G->d_exp, 0, 1, lim, G->efmt, I, D, A->grp, A->idx, np, E, k, 1, A->y, D, A->pg, I, A->pu, NULL));
+    TRY(gk_experts_grouped(G->d_exp, 0, 1, lim, G->efmt, I, D, A->grp, A->idx, np, E, k, 1, A->y, D, A->pg, I, A->pu,
+                           shm == 2 ? &sg : NULL));
     return gk_experts_grouped(G->d_exp, 2, 0, 0.f, G->efmt, D, I, A->grp, A->idx, np, E, k, 0, A->pg, I, A->eo, D, NULL,
-                              shg ? &sh : NULL);
+                              shm ? &sd : NULL);
   }
   if (sorted) { /* prefill: pairs sorted by expert on the device, bf16 GEMMs */
     int hoff[513]; /* E <= 512 (check_dims) */

@@ -13,9 +13,11 @@
  * copies while streaming, hits when the cache holds every streamed expert,
  * look-ahead copies with the default slots (twice top-k: one layer's
  * experts and the next's guessed ones) when every guess is copied, and none
- * when it is off. Everything twice: with the shared expert's down product
- * apart (the default) and inside the grouped launches (gk_set_shared_group;
- * a launch of its own on layers with streamed experts). No device: SKIP. */
+ * when it is off. Everything three times, for each gk_set_shared_group
+ * mode: the shared expert apart, its down product (and on models/tiny,
+ * whose router is fp32 and experts Int4, its gate and up too) inside the
+ * grouped launches, and all of its products inside (launches of their
+ * own on layers with streamed experts). No device: SKIP. */
 #include "glm53.h"
 #include "gpu_test.h"
 #include "gpu/kernels/gk.h"
@@ -136,11 +138,12 @@ int main(void) {
   const placement pt[] = {{"nothing resident", 1e-12, NULL, 0, GLM53_GPU_LA_ALL, 0},
                           {"nothing resident, idle look-ahead", 1e-12, NULL, 0, GLM53_GPU_LA_IDLE, 0},
                           {"one slot", 1e-12, "1", 0, GLM53_GPU_LA_ALL, 0}};
-  for (int sg = 0; sg < 2; sg++) {
+  static const char *const fxn[] = {"fixture", "fixture+sg1", "fixture+sg2"}, *const tyn[] = {"tiny", "tiny+sg1", "tiny+sg2"};
+  for (int sg = 0; sg < 3; sg++) {
     gk_set_shared_group(sg);
-    printf("-- shared expert's down product %s\n", sg ? "inside the grouped launches" : "apart");
-    compare(sg ? "fixture+sg" : "fixture", load_fixture, &c, pl, (int)(sizeof pl / sizeof *pl), tok, n);
-    if (have_tiny) compare(sg ? "tiny+sg" : "tiny", load_tiny, (void *)tiny, pt, 3, ttok, n);
+    printf("-- shared expert: gk_set_shared_group(%d)\n", sg);
+    compare(fxn[sg], load_fixture, &c, pl, (int)(sizeof pl / sizeof *pl), tok, n);
+    if (have_tiny) compare(tyn[sg], load_tiny, (void *)tiny, pt, 3, ttok, n);
   }
   gk_set_shared_group(-1);
   TEST_DONE();

@@ -190,13 +190,16 @@ int gk_expert_group_max(int npairs, int E); /* the group slots grp holds (before
 int gk_experts_grouped(const gpu_mat *d_wset, int which, int gu, float limit, int fmt, int rows, int cols, const int *grp,
                        const int *idx, int npairs, int E, int k, int xpt, const float *x, int ldx, float *y, int ldy,
                        float *u, const gk_shared_rows *sh);
-/* decode's shared expert down product inside the routed experts' grouped
- * down launch (moe_body, moe_stream): one weight launch fewer per MoE layer
- * (0.16-0.23 ms per token faster on an H100, twentieth session); on unless
- * GLM53_GPU_SHARED_GROUP=0 or gk_set_shared_group(0); -1: the environment.
- * Its summation order (the GEMV plan) differs from the separate launch's,
- * so do the bits. */
-void gk_set_shared_group(int on);
+/* decode's shared expert inside the routed experts' grouped launches
+ * (glm53_gpu.c shared_rows): 0 never; 1 (the default) its down product,
+ * and its gate and up products too when the router's format differs from
+ * the shared expert's (the router and they are two launches then anyway);
+ * 2 the gate and up products always. The down product inside: one weight
+ * launch fewer per MoE layer, 0.16-0.23 ms per token faster on an H100
+ * (twentieth session). GLM53_GPU_SHARED_GROUP=0|1|2 or
+ * gk_set_shared_group (-1: the environment). The grouped launch's GEMV
+ * plan sums in another order than the separate launch's: other bits. */
+void gk_set_shared_group(int mode);
 int gk_shared_group(void);
 /* programmatic dependent launch between kernels (sm_90+, docs/gpu.md):
  * supported once gk_init ran on such a device; gk_set_pdl(0) turns it off

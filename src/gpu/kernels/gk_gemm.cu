@@ -1021,10 +1021,12 @@ extern "C" int gk_experts_grouped(const gpu_mat *d_wset, int which, int gu, floa
 }
 
 static int g_shared_group = -1;
-extern "C" void gk_set_shared_group(int on) { g_shared_group = on < 0 ? -1 : !!on; }
+extern "C" void gk_set_shared_group(int mode) { g_shared_group = mode < 0 ? -1 : mode > 2 ? 2 : mode; }
 extern "C" int gk_shared_group(void) {
-  if (g_shared_group < 0)
-    g_shared_group = !(getenv("GLM53_GPU_SHARED_GROUP") && !strcmp(getenv("GLM53_GPU_SHARED_GROUP"), "0"));
+  if (g_shared_group < 0) {
+    const char *e = getenv("GLM53_GPU_SHARED_GROUP");
+    g_shared_group = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "2") ? 2 : 1;
+  }
   return g_shared_group;
 }
 
