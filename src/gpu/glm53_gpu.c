@@ -990,6 +990,19 @@ static int prefetch_next(gmodel *g, int la, const int *pidx, int np, int quota) 
   return 0;
 }
 
+/* The look-ahead's guess for layer la: its router and routing applied to
+ * this layer's input (A->logits is free again once this layer is routed:
+ * stream order), the guessed ids copied to hp (host; valid after the next
+ * event recorded on the compute stream completes). */
+static int guess_route(const glm53_config *c, const gmodel *g, int la, acts *A, int T, int *hp) {
+  const glayer *N = &g->layers[la];
+  const int D = c->hidden_size, E = c->n_routed_experts, k = c->num_experts_per_tok;
+  TRY(gk_matmul(&N->router, A->y, T, D, A->logits, E));
+  TRY(gk_moe_route(A->logits, N->bias, T, E, k, c->n_group, c->topk_group, c->norm_topk_prob, c->routed_scaling_factor,
+                   A->pidx, A->pwt));
+  return gk_d2h_async(hp, A->pidx, (size_t)T * k * sizeof(int));
+}
+
 /* MoE of a layer with streamed experts: the routing comes back to the host
  * (while the shared expert runs), the missing experts are copied into cache
  * slots by the copy stream (as many as free slots allow before any compute,
@@ -1007,18 +1020,16 @@ static int moe_stream(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
   const int D = c->hidden_size, E = c->n_routed_experts, k = c->num_experts_per_tok, np = T * k;
   const int mode = lookahead_mode();
   const int la = T < gk_gemm_min() && mode != GLM53_GPU_LA_OFF ? next_streamed(x, l) : -1;
+  /* every guess copied: the guess is routed up front, beside this layer's
+   * routing; the idle mode routes it only once this call's copies are
+   * known to be none (guess_route below), else never */
+  const int upfront = la >= 0 && mode == GLM53_GPU_LA_ALL;
   TRY(gk_matmul(&G->router, A->y, T, D, A->logits, E));
   TRY(gk_moe_route(A->logits, G->bias, T, E, k, c->n_group, c->topk_group, c->norm_topk_prob, c->routed_scaling_factor,
                    A->idx, A->wt));
-  if (la >= 0) { /* logits are free again once routed (stream order) */
-    const glayer *N = &g->layers[la];
-    TRY(gk_matmul(&N->router, A->y, T, D, A->logits, E));
-    TRY(gk_moe_route(A->logits, N->bias, T, E, k, c->n_group, c->topk_group, c->norm_topk_prob,
-                     c->routed_scaling_factor, A->pidx, A->pwt));
-  }
   int *hidx = gpu_xcache_idx(x, (size_t)np * (la >= 0 ? 2 : 1));
+  if (upfront) TRY(guess_route(c, g, la, A, T, hidx + np));
   TRY(gk_d2h_async(hidx, A->idx, (size_t)np * sizeof(int)));
-  if (la >= 0) TRY(gk_d2h_async(hidx + np, A->pidx, (size_t)np * sizeof(int)));
   TRY(gk_event_on_compute(x->route_ev));
   TRY(shared_dev(c, G, A, T));
   TRY(gk_event_sync(x->route_ev));
@@ -1040,16 +1051,24 @@ static int moe_stream(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
   }
   gpu_xcache_begin(x);
   const uint64_t miss0 = x->misses; /* this call's own copies: the misses it adds */
+  int unplaced = 0; /* each a copy once a slot frees */
   for (int i = 0; i < nu && !rc; i++) {
     int r = gpu_xcache_fetch(x, l, u[i], G->h_exp, G->d_exp, 0);
     if (r < 0) rc = -1;
     placed[i] = r == 0;
+    unplaced += r > 0;
   }
+  const int quota = la >= 0 ? gpu_xcache_lookahead_quota(mode, x->misses - miss0 + (uint64_t)unplaced) : 0;
+  /* the idle mode's guess: routed after the shared expert, ahead of the
+   * products; the host reads it once they are queued */
+  const int late = la >= 0 && !upfront && quota > 0;
+  if (late && !rc) rc = guess_route(c, g, la, A, T, hidx + np) || gk_event_on_compute(x->route_ev);
   for (int i = 0; i < nu && !rc; i++) {
     if (!placed[i] && gpu_xcache_fetch(x, l, u[i], G->h_exp, G->d_exp, 1)) rc = -1;
     else rc = gpu_xcache_ready(x, l, u[i]) || expert_dev(c, G, A, T, u[i], cnt) || gpu_xcache_done(x, l, u[i]);
   }
-  if (la >= 0 && !rc) rc = prefetch_next(g, la, hidx + np, np, gpu_xcache_lookahead_quota(mode, x->misses - miss0));
+  if (late && !rc) rc = gk_event_sync(x->route_ev);
+  if ((upfront || late) && !rc) rc = prefetch_next(g, la, hidx + np, np, quota);
   free(cnt); free(u); free(placed);
   return rc ? -1 : 0; /* the routed outputs are added by gk_mhc_post_moe */
 }
