@@ -4,10 +4,10 @@
  * experts 2048 wide top-8, dense MLP 12288, vocab 154880, hc 4) scaled down
  * with all 45 layers of the release schedule (34 KDA, 11 MLA+DSA, layers
  * 0-2 dense MLP) and fewer routed experts (default 32), bf16 weights
- * but for the fp32 router and indexer head weights that converted
- * checkpoints keep (since the twentieth session;
- * GLM53_BENCH_BF16_ROUTER=1 for bf16 as before) (bench/gpu/synth_model.h);
- * a 6-layer variant for quick runs.
+ * except the router and the indexer's head weights, fp32 as converted
+ * checkpoints keep them (bench/gpu/synth_model.h; since the twentieth
+ * session, GLM53_BENCH_BF16_ROUTER=1 for bf16 as before); a 6-layer
+ * variant for quick runs.
  * Prints: measured D2D copy bandwidth and bf16 cuBLAS GEMM rate (ceilings),
  * batch-1 decode tok/s at short and 4K context with achieved weight
  * bandwidth, prefill tok/s at 4096 tokens with achieved TFLOP/s.

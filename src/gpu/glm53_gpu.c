@@ -919,12 +919,12 @@ static int mla_dev(const glm53_config *c, const gmla *w, const gk_batch *b, acts
 
 /* Decode (T < gk_gemm_min()): which of the shared expert's products run
  * inside the routed experts' grouped launches (gk_shared_group(); its
- * matrices must have the routed ones' shapes and format): 0 none, 1 the
- * down product (su: A->sg into A->a), 2 also the gate and up products
- * (sg: A->y into A->sg) -- mode 2, or mode 1 when the router's format
- * differs from the shared expert's (as in converted checkpoints: fp32
- * router, Int4 experts), since then the router and the shared gate / up
- * are two launches anyway. */
+ * matrices must have the routed ones' shapes and format). Returns 0: none;
+ * 1: the down product (sd: A->sg into A->a); 2: also the gate and up
+ * products (sg: A->y into A->sg), which mode 2 always asks for and mode 1
+ * when the router's format differs from the shared expert's (converted
+ * checkpoints: fp32 router, Int4 experts), since the router and the
+ * shared gate / up cannot share a launch then. */
 static int shared_rows(const glm53_config *c, const glayer *G, const acts *A, int T, gk_shared_rows *sg,
                        gk_shared_rows *sd) {
   const gmlp *S = &G->shared;
