@@ -990,17 +990,18 @@ static int prefetch_next(gmodel *g, int la, const int *pidx, int np, int quota) 
   return 0;
 }
 
-/* The look-ahead's guess for layer la: its router and routing applied to
- * this layer's input (A->logits is free again once this layer is routed:
- * stream order), the guessed ids copied to hp (host; valid after the next
- * event recorded on the compute stream completes). */
-static int guess_route(const glm53_config *c, const gmodel *g, int la, acts *A, int T, int *hp) {
-  const glayer *N = &g->layers[la];
+/* Layer L's router and routing applied to this layer's input (A->y) into
+ * idx / wt, the ids also copied to hp (host; valid once an event recorded
+ * on the compute stream after it completes): a streamed layer's own
+ * routing, and the look-ahead's guess for the next streamed layer (into
+ * A->pidx / A->pwt; A->logits is free again once this layer is routed:
+ * stream order). */
+static int route_to_host(const glm53_config *c, const glayer *L, acts *A, int T, int *idx, float *wt, int *hp) {
   const int D = c->hidden_size, E = c->n_routed_experts, k = c->num_experts_per_tok;
-  TRY(gk_matmul(&N->router, A->y, T, D, A->logits, E));
-  TRY(gk_moe_route(A->logits, N->bias, T, E, k, c->n_group, c->topk_group, c->norm_topk_prob, c->routed_scaling_factor,
-                   A->pidx, A->pwt));
-  return gk_d2h_async(hp, A->pidx, (size_t)T * k * sizeof(int));
+  TRY(gk_matmul(&L->router, A->y, T, D, A->logits, E));
+  TRY(gk_moe_route(A->logits, L->bias, T, E, k, c->n_group, c->topk_group, c->norm_topk_prob, c->routed_scaling_factor,
+                   idx, wt));
+  return gk_d2h_async(hp, idx, (size_t)T * k * sizeof(int));
 }
 
 /* MoE of a layer with streamed experts: the routing comes back to the host
@@ -1017,19 +1018,16 @@ static int guess_route(const glm53_config *c, const gmodel *g, int la, acts *A, 
 static int moe_stream(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
   glayer *G = &g->layers[l];
   gpu_xcache *x = &g->xc;
-  const int D = c->hidden_size, E = c->n_routed_experts, k = c->num_experts_per_tok, np = T * k;
+  const int E = c->n_routed_experts, k = c->num_experts_per_tok, np = T * k;
   const int mode = lookahead_mode();
   const int la = T < gk_gemm_min() && mode != GLM53_GPU_LA_OFF ? next_streamed(x, l) : -1;
   /* every guess copied: the guess is routed up front, beside this layer's
    * routing; the idle mode routes it only once this call's copies are
-   * known to be none (guess_route below), else never */
+   * known to be none (below), else never */
   const int upfront = la >= 0 && mode == GLM53_GPU_LA_ALL;
-  TRY(gk_matmul(&G->router, A->y, T, D, A->logits, E));
-  TRY(gk_moe_route(A->logits, G->bias, T, E, k, c->n_group, c->topk_group, c->norm_topk_prob, c->routed_scaling_factor,
-                   A->idx, A->wt));
   int *hidx = gpu_xcache_idx(x, (size_t)np * (la >= 0 ? 2 : 1));
-  if (upfront) TRY(guess_route(c, g, la, A, T, hidx + np));
-  TRY(gk_d2h_async(hidx, A->idx, (size_t)np * sizeof(int)));
+  TRY(route_to_host(c, G, A, T, A->idx, A->wt, hidx));
+  if (upfront) TRY(route_to_host(c, &g->layers[la], A, T, A->pidx, A->pwt, hidx + np));
   TRY(gk_event_on_compute(x->route_ev));
   TRY(shared_dev(c, G, A, T));
   TRY(gk_event_sync(x->route_ev));
@@ -1062,7 +1060,7 @@ static int moe_stream(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
   /* the idle mode's guess: routed after the shared expert, ahead of the
    * products; the host reads it once they are queued */
   const int late = la >= 0 && !upfront && quota > 0;
-  if (late && !rc) rc = guess_route(c, g, la, A, T, hidx + np) || gk_event_on_compute(x->route_ev);
+  if (late && !rc) rc = route_to_host(c, &g->layers[la], A, T, A->pidx, A->pwt, hidx + np) || gk_event_on_compute(x->route_ev);
   for (int i = 0; i < nu && !rc; i++) {
     if (!placed[i] && gpu_xcache_fetch(x, l, u[i], G->h_exp, G->d_exp, 1)) rc = -1;
     else rc = gpu_xcache_ready(x, l, u[i]) || expert_dev(c, G, A, T, u[i], cnt) || gpu_xcache_done(x, l, u[i]);

@@ -507,16 +507,14 @@ __global__ void __launch_bounds__(256, FMT <= GF_BF16 ? 3 : 2)
  * once per group; the last block row (g == gmax) writes zeros to the rows
  * of pairs routed to no expert (idx < 0). Per (pair, row) the arithmetic
  * of gv_exp_k (same plan, same lane/chunk order): the same bits.
- * The shared expert (S.n > 0, gk_shared_rows) takes the first nsg =
- * ceil(S.n / NTK) block rows, NTK of its tokens each, with the same plan
+ * The shared expert (S.r.n > 0, gk_shared_rows) takes the first nsg =
+ * ceil(S.r.n / NTK) block rows, NTK of its tokens each, with the same plan
  * and arithmetic; they come first so that they are dispatched first, and
  * they issue their weight loads before the PDL wait (their matrix and its
  * position do not depend on the routing). */
 typedef struct {
-  gpu_mat W, W2;
-  const float *x;
-  float *y;
-  int ldx, ldy, n, nsg;
+  gk_shared_rows r; /* r.n == 0: none */
+  int nsg;          /* the block rows r takes (gv_grp_launch) */
 } gv_shx;
 template <int FMT, int NTK, int XM, bool PF>
 __global__ void __launch_bounds__(256, FMT <= GF_BF16 && NTK == 1 ? 3 : 2)
@@ -529,15 +527,16 @@ __global__ void __launch_bounds__(256, FMT <= GF_BF16 && NTK == 1 ? 3 : 2)
   float acc[RW][NTK];
   float *yrow[NTK];
   if ((int)blockIdx.y < S.nsg) { /* the shared expert's tokens t0.. */
-    const int t0 = blockIdx.y * NTK, nt = min(NTK, S.n - t0);
+    const gk_shared_rows &R = S.r;
+    const int t0 = blockIdx.y * NTK, nt = min(NTK, R.n - t0);
     const float *xt[NTK];
 #pragma unroll
     for (int t = 0; t < NTK; t++) {
-      xt[t] = S.x + (size_t)(t0 + min(t, nt - 1)) * S.ldx;
-      yrow[t] = S.y + (size_t)(t0 + t) * S.ldy;
+      xt[t] = R.x + (size_t)(t0 + min(t, nt - 1)) * R.ldx;
+      yrow[t] = R.y + (size_t)(t0 + t) * R.ldy;
     }
-    const int cpr = (S.W.cols + E - 1) / E, cb = min(cpr, kw * sl), ce = min(cpr, cb + sl);
-    gv_rows<FMT, NTK, XM, PF, true>(S.W, S.W2, gu, row0, xt, nt, cb, ce, 0, min(cpr, wk * sl), acc, 0);
+    const int cpr = (R.W.cols + E - 1) / E, cb = min(cpr, kw * sl), ce = min(cpr, cb + sl);
+    gv_rows<FMT, NTK, XM, PF, true>(R.W, R.W2, gu, row0, xt, nt, cb, ce, 0, min(cpr, wk * sl), acc, 0);
     if (!gv_block_reduce<RW, NTK>(acc, wk, kw, wr, red) || (threadIdx.x & 31)) return;
     gv_store<RW, NTK>(acc, yrow, row0, vrows, nt, gu, limit);
     return;
@@ -841,9 +840,9 @@ static void gv_grp_launch(const gpu_mat *d_wset, int which, int gu, float limit,
   int wk = 1, ns = 1, sl = 0;
   gv_plan(FMT, rows, cols, WARPS, &wk, &ns, &sl); /* the plan of gv3_pairs (ns == 1) */
   constexpr int RW = gv_cfg<FMT, NTK, PF>::RW;
-  S.nsg = S.n > 0 ? (S.n + NTK - 1) / NTK : 0;
+  S.nsg = S.r.n > 0 ? (S.r.n + NTK - 1) / NTK : 0;
   dim3 grid(gk_blocks((gu ? 2 : 1) * rows, (WARPS / wk) * RW), S.nsg + gmax + 1);
-  const int xv = x_vec(x, ldx) && (S.n <= 0 || x_vec(S.x, S.ldx));
+  const int xv = x_vec(x, ldx) && (S.r.n <= 0 || x_vec(S.r.x, S.r.ldx));
   if constexpr (FMT >= GF_Q8 && NTK <= 2) {
     const int cpr = (cols + gv_fmt<FMT>::E - 1) / gv_fmt<FMT>::E;
     const size_t sm = xv && xs_on(FMT) ? xs_smem(FMT, NTK, cpr < wk * sl ? cpr : wk * sl) : 0;
@@ -882,13 +881,8 @@ int gv3_grouped(const gpu_mat *d_wset, int which, int gu, float limit, int fmt, 
     if (sh->W.fmt != fmt || sh->W.rows != rows || sh->W.cols != cols ||
         (gu && (sh->W2.fmt != fmt || sh->W2.rows != rows || sh->W2.cols != cols)))
       return gk_fail("grouped experts: the shared expert's matrix is not the routed experts' shape and format");
-    S.W = sh->W;
-    S.W2 = gu ? sh->W2 : sh->W;
-    S.x = sh->x;
-    S.ldx = sh->ldx;
-    S.y = sh->y;
-    S.ldy = sh->ldy;
-    S.n = sh->n;
+    S.r = *sh;
+    if (!gu) S.r.W2 = sh->W;
   }
 #define GV_GF(F)                                                                                                     \
   if (plain) gv_grp_n<F, true>(ntk, d_wset, which, gu, limit, rows, cols, grp, gmax, idx, npairs, k, xpt, x, ldx, y, ldy, S); \
