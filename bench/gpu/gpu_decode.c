@@ -22,6 +22,8 @@
  *      in each look-ahead mode (all guesses, idle: the default, off).
  * GLM53_GPU_KPROF=1 (with GLM53_GPU_GRAPH=0): instead of the timings, the
  *      per-operation GPU time of decode and prefill (gk_kprof.cu).
+ * GLM53_BENCH_DECODE_ONLY=1: the ceilings and the short-context decode
+ *      line only (for a trace of decode steps, e.g. under nsys).
  * Usage: gpu_decode [experts=32] [decode_steps=32] [bf16|q4|stream] [layers=45, stream: 6] */
 #include "glm53.h"
 #include "gpu/glm53_gpu.h"
@@ -75,8 +77,9 @@ static double decode(glm53_session *s, int steps, const int32_t *tok, float *log
  * the KDA recurrence's layout (gk_set_kda_layout) in a fresh session (its
  * graphs capture the launch parameters), then the defaults back. */
 /* branch, rgroup, sgroup: gk_set_branch / gk_set_route_group /
- * gk_set_shared_group (-1: the default) */
-typedef struct { const char *what; int early, pfb, last; long xpf; int kda_layout, branch, rgroup, sgroup; } decode_var;
+ * gk_set_shared_group (-1: the default); shfl: gk_set_mhc_sinkhorn_shfl(1),
+ * nolat: gk_set_mhc_post_lat(0) (0: the defaults) */
+typedef struct { const char *what; int early, pfb, last; long xpf; int kda_layout, branch, rgroup, sgroup, shfl, nolat; } decode_var;
 static double decode_variant(glm53_model *m, const decode_var *v, int steps, const int32_t *tok, float *logits) {
   gk_set_pdl_early(v->early);
   gk_set_gemv_l2pf(v->pfb, v->last);
@@ -85,6 +88,8 @@ static double decode_variant(glm53_model *m, const decode_var *v, int steps, con
   gk_set_branch(v->branch);
   gk_set_route_group(v->rgroup);
   gk_set_shared_group(v->sgroup);
+  gk_set_mhc_sinkhorn_shfl(v->shfl ? 1 : -1);
+  gk_set_mhc_post_lat(v->nolat ? 0 : -1);
   glm53_session *s = glm53_session_new(m, 64 + steps + 16);
   if (!s) { printf("session: %s\n", glm53_last_error()); exit(1); }
   run(s, tok, 64, logits);
@@ -97,18 +102,20 @@ static double decode_variant(glm53_model *m, const decode_var *v, int steps, con
   gk_set_branch(-1);
   gk_set_route_group(-1);
   gk_set_shared_group(-1);
+  gk_set_mhc_sinkhorn_shfl(-1);
+  gk_set_mhc_post_lat(-1);
   return dt;
 }
 /* the eighth session measured every L2 prefetch variant slower (docs/gpu.md):
  * two are kept as a check, with the KDA layouts' decode cost */
 static void decode_sweep(glm53_model *m, int steps, const int32_t *tok, float *logits, size_t dbytes, double bw) {
   static const decode_var vs[] = {
-      {"the defaults (late trigger, no L2 prefetch, KDA layout g4)", 0, 0, 1, 0, 0, -1, -1, -1},
-      {"early trigger only", 1, 0, 1, 0, 0, -1, -1, -1},
-      {"GEMV L2 prefetch 4 KB/row only (late trigger)", 0, 4096, 1, 0, 0, -1, -1, -1},
-      {"KDA layout w4 (GLM53_GPU_KDA_LAYOUT)", 0, 0, 1, 0, GK_KR_W4, -1, -1, -1},
-      {"KDA layout g2", 0, 0, 1, 0, GK_KR_G2, -1, -1, -1},
-      {"the defaults again (drift)", 0, 0, 1, 0, 0, -1, -1, -1},
+      {"the defaults (late trigger, no L2 prefetch, KDA layout g4)", 0, 0, 1, 0, 0, -1, -1, -1, 0, 0},
+      {"early trigger only", 1, 0, 1, 0, 0, -1, -1, -1, 0, 0},
+      {"GEMV L2 prefetch 4 KB/row only (late trigger)", 0, 4096, 1, 0, 0, -1, -1, -1, 0, 0},
+      {"KDA layout w4 (GLM53_GPU_KDA_LAYOUT)", 0, 0, 1, 0, GK_KR_W4, -1, -1, -1, 0, 0},
+      {"KDA layout g2", 0, 0, 1, 0, GK_KR_G2, -1, -1, -1, 0, 0},
+      {"the defaults again (drift)", 0, 0, 1, 0, 0, -1, -1, -1, 0, 0},
   };
   for (size_t i = 0; i < sizeof vs / sizeof *vs; i++) {
     const double dt = decode_variant(m, &vs[i], steps, tok, logits);
@@ -117,16 +124,16 @@ static void decode_sweep(glm53_model *m, int steps, const int32_t *tok, float *l
   }
 }
 
-/* the newest decode changes (GLM53_BENCH_QUICK too): the shared expert
- * inside the grouped launches (gk_set_shared_group; the default since the
- * twentieth session) against apart, and with all its products inside
- * (the default already does that when the router is fp32); two rounds,
- * interleaved, for the drift */
+/* the newest decode changes (GLM53_BENCH_QUICK too), defaults since the
+ * twenty-first session: the mHC Sinkhorn in registers against its
+ * warp-shuffle form, the MoE post's latency form against the occupancy
+ * form, and both as before; two rounds, interleaved, for the drift */
 static void decode_ab(glm53_model *m, int steps, const int32_t *tok, float *logits, size_t dbytes, double bw) {
   static const decode_var vs[] = {
-      {"the defaults", 0, 0, 1, 0, 0, -1, -1, -1},
-      {"shared expert apart (GLM53_GPU_SHARED_GROUP=0)", 0, 0, 1, 0, 0, -1, -1, 0},
-      {"shared expert's gate / up inside too (GLM53_GPU_SHARED_GROUP=2)", 0, 0, 1, 0, 0, -1, -1, 2},
+      {"the defaults", 0, 0, 1, 0, 0, -1, -1, -1, 0, 0},
+      {"Sinkhorn in shuffles (GLM53_GPU_SINKHORN_SHFL=1)", 0, 0, 1, 0, 0, -1, -1, -1, 1, 0},
+      {"MoE post without its latency form (GLM53_GPU_POST_LAT=0)", 0, 0, 1, 0, 0, -1, -1, -1, 0, 1},
+      {"both as before this session", 0, 0, 1, 0, 0, -1, -1, -1, 1, 1},
   };
   for (int round = 0; round < 2; round++)
     for (size_t i = 0; i < sizeof vs / sizeof *vs; i++) {
@@ -269,6 +276,14 @@ int main(int argc, char **argv) {
          mode, E, dt * 1e3, 1 / dt, dbytes / 1e9, dbytes / dt / 1e9, 100.0 * dbytes / dt / 1e9 / bw);
   printf("L2 prefetch: GEMV %d bytes per row before its wait, experts %.0f MB at routing, PDL trigger %s\n", gk_gemv_l2pf(),
          gk_expert_l2pf() / 1048576.0, gk_pdl_early() ? "early" : "late");
+  /* GLM53_BENCH_DECODE_ONLY=1: stop here (a trace of the decode steps
+   * alone, e.g. under nsys with graph nodes traced) */
+  if (getenv("GLM53_BENCH_DECODE_ONLY") && !strcmp(getenv("GLM53_BENCH_DECODE_ONLY"), "1")) {
+    glm53_session_free(s);
+    glm53_model_free(m);
+    free(tok); free(logits);
+    return 0;
+  }
   decode_ab(m, steps, tok, logits, dbytes, bw);
   if (gk_pdl_supported() && !quick) { /* the L2 prefetch settings and KDA layouts, then no programmatic dependent launch (fresh sessions: their own graphs) */
     decode_sweep(m, steps, tok, logits, dbytes, bw);

@@ -763,6 +763,18 @@ static void mhc_pre_case(int T, int D) {
     free(hc2);
     gk_free(dy2); gk_free(dp2); gk_free(dc2);
   }
+  { /* the Sinkhorn's register form (the default) and its warp-shuffle
+     * form (gk_set_mhc_sinkhorn_shfl): the same bits */
+    float *dc2 = gk_malloc((size_t)T * hc * hc * 4), *dy2 = gk_malloc((size_t)T * D * 4), *dp2 = gk_malloc((size_t)T * hc * 4);
+    gk_set_mhc_sinkhorn_shfl(1);
+    const int rc2 =
+        gk_mhc_pre(dX, dmix, NULL, dbase, dsc, dnw, T, hc, D, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, dp2, dc2, dy2, NULL);
+    gk_set_mhc_sinkhorn_shfl(-1);
+    const int same = !rc2 && dsame(dc2, dcomb, (size_t)T * hc * hc) && dsame(dy2, dy, (size_t)T * D);
+    CHECK(same, "mhc pre D %d: the Sinkhorn's shuffle form differs from its register form (rc %d: %s)", D, rc2, gk_error());
+    printf("mhc pre, %d tokens, D %d: Sinkhorn in shuffles bitwise as in registers: %s\n", T, D, same ? "yes" : "NO");
+    gk_free(dc2); gk_free(dy2); gk_free(dp2);
+  }
   if (T >= 64) { /* long launches (from 1024 tokens) cache the streams in shared memory: the same bits as 2 tokens alone */
     float *dy2 = gk_malloc((size_t)2 * D * 4), *dp2 = gk_malloc((size_t)2 * hc * 4), *dc2 = gk_malloc((size_t)2 * hc * hc * 4);
     const int rc2 =
@@ -959,6 +971,18 @@ static void mhc_post_moe_case(int D) {
   CHECK(bits2, "mhc post with the MoE combine through erow differs from combine + post");
   printf("mhc post with the MoE combine fused (D %d): bitwise %s; outputs read through erow: bitwise %s\n", D,
          bits ? "yes" : "NO", bits2 ? "yes" : "NO");
+  { /* up to 64 tokens its latency form (every load ahead of the additions)
+     * runs: the same bits as the occupancy form (gk_set_mhc_post_lat(0)) */
+    float *X7 = dcopy(hX, (size_t)T * hc * D * 4), *a7 = gk_malloc((size_t)T * D * 4);
+    gk_d2d(a7, a3, (size_t)T * D * 4);
+    gk_set_mhc_post_lat(0);
+    const int r7 = gk_mhc_post_moe(X7, a7, eo2, 0, derow, didx, wt, K, post, comb, T, hc, D);
+    gk_set_mhc_post_lat(-1);
+    const int b7 = !r7 && dsame(X7, X3, (size_t)T * hc * D);
+    CHECK(b7, "mhc post + moe (D %d): the occupancy form differs from the latency form (rc %d: %s)", D, r7, gk_error());
+    printf("mhc post with the MoE combine (D %d): latency and occupancy forms bitwise %s\n", D, b7 ? "yes" : "NO");
+    gk_free(X7); gk_free(a7);
+  }
   /* bf16 outputs (the MoE GEMM form's, gk_moe_bf16_out): the same bits as
    * combine + post of their fp32 widening */
   {

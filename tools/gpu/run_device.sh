@@ -11,7 +11,9 @@
 #         sections instead of --set full), the full-dimension model (45 layers bf16
 #         and Q4, the 6-layer streamed-expert sweep), each GEMV/Q4 run again
 #         without x staging, a per-stage profile (GLM53_GPU_PROFILE=1), a
-#         per-operation profile (GLM53_GPU_KPROF=1), and batch scaling.
+#         per-operation profile (GLM53_GPU_KPROF=1), the decode step's
+#         critical path from an nsys trace (tools/gpu/trace_decode.py),
+#         and batch scaling.
 # Everything goes to stdout (tee it into $OUT/log.txt). A deadline
 # (DEADLINE seconds after start, default 540) bounds every step; ONLY (an
 # extended regex) runs just the steps whose names match it.
@@ -89,6 +91,15 @@ if [ "$PART" != tests ]; then
   step gpu_decode.kprof 120 env GLM53_GPU_GRAPH=0 GLM53_GPU_KPROF=1 "$D/gpu_decode" "$E_BF16" 8 bf16 45
   step gpu_decode.kprof.kda_chunked 120 env GLM53_GPU_GRAPH=0 GLM53_GPU_KPROF=1 GLM53_KDA_PREFILL=chunked "$D/gpu_decode" "$E_BF16" 8 bf16 45
   step gpu_decode.kprof.q4 90 env GLM53_GPU_GRAPH=0 GLM53_GPU_KPROF=1 "$D/gpu_decode" 64 8 q4 45
+  # the decode step's timeline with graphs and PDL as they run (Nsight
+  # Systems, graph nodes traced): per kernel its share of the critical path
+  NSYS=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems*/*/bin/nsys 2>/dev/null | head -1)
+  if [ -n "$NSYS" ]; then
+    step nsys_decode 200 env GLM53_BENCH_DECODE_ONLY=1 "$NSYS" profile -o /tmp/glm53_decode -t cuda --cuda-graph-trace=node -f true \
+      "$D/gpu_decode" "$E_BF16" 8 bf16 45
+    step nsys_decode.stats 120 "$NSYS" stats -r cuda_gpu_trace -f csv -o /tmp/glm53_decode /tmp/glm53_decode.nsys-rep
+    step nsys_decode.path 30 sh -c 'python3 tools/gpu/trace_decode.py /tmp/glm53_decode_cuda_gpu_trace.csv'
+  fi
   have gpu_batch && step gpu_batch 150 env "$D/gpu_batch"
   have gpu_batch && step gpu_batch.gemm_min4 150 env GLM53_GPU_GEMM_MIN=4 "$D/gpu_batch"
 fi

@@ -138,6 +138,42 @@ __device__ void sinkhorn_dev(float *L, int n, int iters, float eps) {
   }
 }
 
+/* sinkhorn_dev for N x N compiled in, L in registers: the warp form's
+ * operations in its order (the same bits), without its shuffles, whose
+ * latency was most of each of the 39 dependent normalisations */
+template <int N> __device__ __forceinline__ void sinkhorn_reg(float *L, int iters, float eps) {
+#pragma unroll
+  for (int g = 0; g < N; g++) {
+    float mx = L[g * N];
+#pragma unroll
+    for (int h = 1; h < N; h++) mx = fmaxf(mx, L[g * N + h]);
+    float s = 0;
+#pragma unroll
+    for (int h = 0; h < N; h++) s += (L[g * N + h] = expf(L[g * N + h] - mx));
+#pragma unroll
+    for (int h = 0; h < N; h++) L[g * N + h] = L[g * N + h] / s + eps;
+  }
+  for (int it = 0; it < iters; it++) {
+    if (it > 0)
+#pragma unroll
+      for (int g = 0; g < N; g++) {
+        float s = 0;
+#pragma unroll
+        for (int h = 0; h < N; h++) s += L[g * N + h];
+#pragma unroll
+        for (int h = 0; h < N; h++) L[g * N + h] /= s + eps;
+      }
+#pragma unroll
+    for (int h = 0; h < N; h++) {
+      float s = 0;
+#pragma unroll
+      for (int g = 0; g < N; g++) s += L[g * N + h];
+#pragma unroll
+      for (int g = 0; g < N; g++) L[g * N + h] /= s + eps;
+    }
+  }
+}
+
 /* One block per token. Every load of X is issued with several others in
  * flight (float4, unrolled: a single block per token at decode is latency
  * bound; H200, D = 4096: 27 -> 19 us per site, gk_kprof with launch gaps),
@@ -168,12 +204,25 @@ __device__ __forceinline__ float4 mhc_collapse4(const float4 *X4, const float *p
 }
 /* warp 0 of token t's block: the Sinkhorn of its mixing logits (r: the
  * rms factor of its streams) into combt; HC: sv, sb, ss2 are lane's logit
- * input, base and scale[2], loaded up front by the caller */
+ * input, base and scale[2], loaded up front by the caller; shfl: the
+ * shuffle form even where HC is compiled in (gk_set_mhc_sinkhorn_shfl;
+ * the same bits) */
 template <int HC>
 __device__ __forceinline__ void mhc_sinkhorn_warp(const float *mu, const float *base, const float *scale, float r, int hc,
-                                                  int iters, float hc_eps, float *combt, float sv, float sb, float ss2) {
+                                                  int iters, float hc_eps, float *combt, float sv, float sb, float ss2,
+                                                  int shfl) {
   const int lane = threadIdx.x & 31;
-  if (hc * hc <= 32) { /* lane (g, h) holds L[g][h]; the serial path's operations in its order */
+  if (HC && !shfl) { /* every lane holds all of L in registers: no shuffles on the chain (sinkhorn_reg) */
+    constexpr int N = HC ? HC : 1; /* (HC 0 never gets here) */
+    float L[N * N];
+#pragma unroll
+    for (int k = 0; k < N * N; k++) L[k] = __shfl_sync(0xffffffffu, ss2 * (sv * r) + sb, k);
+    sinkhorn_reg<N>(L, iters, hc_eps);
+    float mine = 0.f;
+#pragma unroll
+    for (int k = 0; k < N * N; k++) mine = lane == k ? L[k] : mine;
+    if (lane < N * N) combt[lane] = mine;
+  } else if (hc * hc <= 32) { /* lane (g, h) holds L[g][h]; the serial path's operations in its order */
     const int nn = hc * hc, g = lane / hc, h = lane % hc;
     float v = lane >= nn ? 0.f : HC ? ss2 * (sv * r) + sb : scale[2] * (mu[2 * hc + lane] * r) + base[2 * hc + lane];
     float mx = __shfl_sync(0xffffffffu, v, g * hc);
@@ -227,7 +276,7 @@ __device__ __forceinline__ float mhc_ssq(const float *Xt, int n, const float *ss
 template <bool VEC, bool CACHE, int HC>
 __global__ void mhc_pre_k(const float *X, const float *mixraw, const float *ssq, const float *base, const float *scale,
                           const float *norm_w, int hc_, int D, int iters, float hc_eps, float rms_eps, float *post, float *comb,
-                          float *y, uint16_t *y16) {
+                          float *y, uint16_t *y16, int shfl) {
   GK_PDL_BEGIN();
   const int hc = HC ? HC : hc_; /* HC: the stream count compiled in (the same operations, unrolled) */
   __shared__ float sh[32], sh2[32]; /* block_sum's partials; the y sums' (apart: no barrier between their uses) */
@@ -270,7 +319,7 @@ __global__ void mhc_pre_k(const float *X, const float *mixraw, const float *ssq,
   float *yt = y + (size_t)t * D;
   float4 yr[MHC_YK];
   if (w == 0) {
-    if (comb) mhc_sinkhorn_warp<HC>(mu, base, scale, r, hc, iters, hc_eps, comb + (size_t)t * hc * hc, sv, sb, ss2);
+    if (comb) mhc_sinkhorn_warp<HC>(mu, base, scale, r, hc, iters, hc_eps, comb + (size_t)t * hc * hc, sv, sb, ss2, shfl);
   } else if (VEC) {
     float s2 = 0;
 #pragma unroll
@@ -342,7 +391,7 @@ __global__ void mhc_pre_k(const float *X, const float *mixraw, const float *ssq,
 template <bool VEC, int HC>
 __global__ void __launch_bounds__(MHC_PRE_THREADS)
     mhc_comb_k(const float *X, const float *mixraw, const float *ssq, const float *base, const float *scale, int hc_, int D,
-               int iters, float hc_eps, float rms_eps, float *comb) {
+               int iters, float hc_eps, float rms_eps, float *comb, int shfl) {
   GK_PDL_BEGIN();
   __shared__ float sh[32];
   const int hc = HC ? HC : hc_, t = blockIdx.x, n = hc * D, lane = threadIdx.x & 31;
@@ -355,7 +404,16 @@ __global__ void __launch_bounds__(MHC_PRE_THREADS)
     if (lane < HC * HC) sv = mu[2 * HC + lane], sb = base[2 * HC + lane];
     ss2 = scale[2];
   }
-  mhc_sinkhorn_warp<HC>(mu, base, scale, r, hc, iters, hc_eps, comb + (size_t)t * hc * hc, sv, sb, ss2);
+  mhc_sinkhorn_warp<HC>(mu, base, scale, r, hc, iters, hc_eps, comb + (size_t)t * hc * hc, sv, sb, ss2, shfl);
+}
+/* GLM53_GPU_SINKHORN_SHFL=1 / gk_set_mhc_sinkhorn_shfl(1): the Sinkhorn's
+ * shuffle form for the 4 streams compiled in (before the twenty-first
+ * session; the same bits as the register form, for A/B) */
+static int g_sk_shfl = -1;
+extern "C" void gk_set_mhc_sinkhorn_shfl(int on) { g_sk_shfl = on < 0 ? -1 : !!on; }
+static int sinkhorn_shfl(void) {
+  if (g_sk_shfl < 0) g_sk_shfl = getenv("GLM53_GPU_SINKHORN_SHFL") && !strcmp(getenv("GLM53_GPU_SINKHORN_SHFL"), "1");
+  return g_sk_shfl;
 }
 static bool mhc_vec(int D, const float *X, const float *y, const float *norm_w, const void *y16) {
   return D % 4 == 0 && (uintptr_t)X % 16 == 0 && (uintptr_t)y % 16 == 0 && (uintptr_t)norm_w % 16 == 0 &&
@@ -368,11 +426,11 @@ extern "C" int gk_mhc_comb(const float *X, const float *mixraw, const float *ssq
   if (T <= 0) return 0;
   const bool vec = mhc_vec(D, X, y, norm_w, y16); /* the pre's choice of loop: the same sums */
   if (vec && hc == 4)
-    gk_launch(mhc_comb_k<true, 4>, T, MHC_PRE_THREADS, 0, X, mixraw, ssq, base, scale, hc, D, iters, hc_eps, rms_eps, comb);
+    gk_launch(mhc_comb_k<true, 4>, T, MHC_PRE_THREADS, 0, X, mixraw, ssq, base, scale, hc, D, iters, hc_eps, rms_eps, comb, sinkhorn_shfl());
   else if (vec)
-    gk_launch(mhc_comb_k<true, 0>, T, MHC_PRE_THREADS, 0, X, mixraw, ssq, base, scale, hc, D, iters, hc_eps, rms_eps, comb);
+    gk_launch(mhc_comb_k<true, 0>, T, MHC_PRE_THREADS, 0, X, mixraw, ssq, base, scale, hc, D, iters, hc_eps, rms_eps, comb, sinkhorn_shfl());
   else
-    gk_launch(mhc_comb_k<false, 0>, T, MHC_PRE_THREADS, 0, X, mixraw, ssq, base, scale, hc, D, iters, hc_eps, rms_eps, comb);
+    gk_launch(mhc_comb_k<false, 0>, T, MHC_PRE_THREADS, 0, X, mixraw, ssq, base, scale, hc, D, iters, hc_eps, rms_eps, comb, sinkhorn_shfl());
   return GK_LAUNCHED("mhc comb");
 }
 /* the cached form's dynamic shared memory opt-in (once per size) */
@@ -402,16 +460,16 @@ extern "C" int gk_mhc_pre(const float *X, const float *mixraw, const float *ssq,
   const size_t xs = (size_t)hc * D * sizeof(float);
   if (vec && !ssq && cache_on && T >= 1024 && xs <= 96 * 1024 && mhc_cache_smem(xs))
     gk_launch(mhc_pre_k<true, true, 0>, T, MHC_PRE_THREADS, xs, X, mixraw, ssq, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post,
-              comb, y, y16);
+              comb, y, y16, sinkhorn_shfl());
   else if (vec && hc == 4) /* the model's 4 streams compiled in: the collapse's loads and the Sinkhorn's shuffles unrolled */
     gk_launch(mhc_pre_k<true, false, 4>, T, MHC_PRE_THREADS, 0, X, mixraw, ssq, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post,
-              comb, y, y16);
+              comb, y, y16, sinkhorn_shfl());
   else if (vec)
     gk_launch(mhc_pre_k<true, false, 0>, T, MHC_PRE_THREADS, 0, X, mixraw, ssq, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post,
-              comb, y, y16);
+              comb, y, y16, sinkhorn_shfl());
   else
     gk_launch(mhc_pre_k<false, false, 0>, T, MHC_PRE_THREADS, 0, X, mixraw, ssq, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post,
-              comb, y, y16);
+              comb, y, y16, sinkhorn_shfl());
   return GK_LAUNCHED("mhc_pre");
 }
 
@@ -609,9 +667,9 @@ __device__ __forceinline__ float moe_sum(float acc, const ET *eo, const int *ero
  * = the pairs moe_sum adds (the first pair of each distinct expert id >= 0),
  * by ascending id; returns their count */
 __device__ __forceinline__ int moe_order(const int *idx, int t, int k, int *ord) {
-  __shared__ int nv;
-  const int *id = idx + (size_t)t * k;
+  __shared__ int nv, id[64]; /* k <= 64: the token's ids read once (the loops below read each up to k times) */
   if (threadIdx.x == 0) nv = 0;
+  if ((int)threadIdx.x < k) id[threadIdx.x] = idx[(size_t)t * k + threadIdx.x];
   __syncthreads();
   if ((int)threadIdx.x < k) {
     const int j = threadIdx.x, e = id[j];
@@ -637,27 +695,56 @@ __device__ __forceinline__ int moe_order(const int *idx, int t, int k, int *ord)
  * when D % 4 == 0; the per-token post, comb, wt and erow loads then serve
  * four elements: prefill's post with the combine was 2.2x off the memory
  * roofline with one): the same per-element arithmetic as V = 1. */
-template <bool MOE, int HCT, int V, typename ET = float>
+/* LAT (decode: few blocks, so latency rather than occupancy; HCT only):
+ * the streams, the sublayer output, comb and post loaded before the
+ * combine order's barriers, and the routed outputs (k <= 8) all loaded
+ * before the first addition, instead of one round trip per output; the
+ * same additions in the same order */
+template <bool MOE, int HCT, int V, typename ET = float, bool LAT = false>
 __global__ void mhc_post_k(float *X, const float *a, const ET *eo, const int *erow, const int *idx, const float *wt, int k,
                            const float *post, const float *comb, int T, int hc_, int D) {
   GK_PDL_BEGIN();
+  static_assert(!LAT || HCT, "the latency form needs hc compiled in");
   constexpr int HM = HCT ? HCT : MAX_HC;
   const int hc = HCT ? HCT : hc_;
   __shared__ int ord[64];
   const size_t i = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) * V; /* the first of V elements of one token */
   int t = (int)(i / D), d = (int)(i % D), nv = -1;
+  float old[HM][V], y[V], cbl[LAT ? HM * HM : 1], phl[LAT ? HM : 1];
+  float *Xt = X + (size_t)t * hc * D;
+  if (LAT && i < (size_t)T * D) {
+#pragma unroll
+    for (int g = 0; g < HM; g++) vload<V>(old[g], Xt + (size_t)g * D + d);
+    vload<V>(y, a + (size_t)t * D + d);
+#pragma unroll
+    for (int q = 0; q < HM * HM; q++) cbl[q] = comb[(size_t)t * HM * HM + q];
+#pragma unroll
+    for (int h = 0; h < HM; h++) phl[h] = post[t * HM + h];
+  }
   if (MOE && k <= 64) { /* a block within one token: the combine order once, in shared memory */
     const size_t b0 = blockIdx.x * (size_t)blockDim.x * V, b1 = min(b0 + (size_t)blockDim.x * V, (size_t)T * D) - 1;
     if (b0 / D == b1 / D) nv = moe_order(idx, (int)(b0 / D), k, ord);
   }
   if (i >= (size_t)T * D) return;
-  float old[HM][V], y[V];
-  float *Xt = X + (size_t)t * hc * D;
+  if (!LAT) {
 #pragma unroll
-  for (int g = 0; g < HM; g++)
-    if (g < hc) vload<V>(old[g], Xt + (size_t)g * D + d);
-  vload<V>(y, a + (size_t)t * D + d);
-  if (MOE && nv >= 0) {
+    for (int g = 0; g < HM; g++)
+      if (g < hc) vload<V>(old[g], Xt + (size_t)g * D + d);
+    vload<V>(y, a + (size_t)t * D + d);
+  }
+  if (LAT && MOE && nv >= 0 && nv <= 8) {
+    float w8[8], e8[8][V];
+#pragma unroll
+    for (int r = 0; r < 8; r++)
+      if (r < nv) {
+        const size_t p = (size_t)t * k + ord[r];
+        w8[r] = wt[p];
+        vload<V>(e8[r], eo + (erow ? (size_t)erow[p] : p) * D + d);
+      }
+#pragma unroll
+    for (int r = 0; r < 8; r++)
+      if (r < nv) mhc_post_add<V>(y, w8[r], e8[r]);
+  } else if (MOE && nv >= 0) {
     /* moe_sum's additions, same order (loading all eight outputs before the
      * first addition measured slower: 29.8 vs 26.9 ms per 4096-token
      * prefill, the registers halve the blocks per SM) */
@@ -672,12 +759,12 @@ __global__ void mhc_post_k(float *X, const float *a, const ET *eo, const int *er
 #pragma unroll
     for (int v = 0; v < V; v++) y[v] = moe_sum(y[v], eo, erow, idx, wt, t, k, D, d + v);
   }
-  const float *cb = comb + (size_t)t * hc * hc;
+  const float *cb = LAT ? cbl : comb + (size_t)t * hc * hc;
 #pragma unroll
   for (int h = 0; h < HM; h++)
     if (h < hc) {
       float acc[V];
-      mhc_post_mix<HM, V>(old, y, post[t * hc + h], cb, hc, h, acc);
+      mhc_post_mix<HM, V>(old, y, LAT ? phl[h] : post[t * hc + h], cb, hc, h, acc);
       vstore<V>(Xt + (size_t)h * D + d, acc);
     }
 }
@@ -696,8 +783,28 @@ extern "C" int gk_mhc_post(float *X, const float *a, const float *post, const fl
                   (const float *)NULL, 0, post, comb, T, hc, D);
   return GK_LAUNCHED("mhc_post");
 }
+/* the latency form (LAT) up to this many tokens (decode steps, small
+ * batches); GLM53_GPU_POST_LAT=0 / gk_set_mhc_post_lat(0): never */
+#define MHC_POST_LAT_MAX 64
+static int g_post_lat = -1;
+extern "C" void gk_set_mhc_post_lat(int on) { g_post_lat = on < 0 ? -1 : !!on; }
+static int post_lat(void) {
+  if (g_post_lat < 0) g_post_lat = !(getenv("GLM53_GPU_POST_LAT") && !strcmp(getenv("GLM53_GPU_POST_LAT"), "0"));
+  return g_post_lat;
+}
 extern "C" int gk_mhc_post_moe(float *X, const float *a, const void *eo, int eo_bf16, const int *erow, const int *idx,
                                const float *wt, int k, const float *post, const float *comb, int T, int hc, int D) {
+  if (hc == 4 && D % 4 == 0 && T <= MHC_POST_LAT_MAX && post_lat() && al16(X) && al16(a) &&
+      (eo_bf16 ? (uintptr_t)eo % 8 == 0 : al16(eo))) {
+    const dim3 g = gk_blocks((size_t)T * D / 4, 256);
+    if (eo_bf16)
+      gk_launch(mhc_post_k<true, 4, 4, uint16_t, true>, g, 256, 0, X, a, (const uint16_t *)eo, erow, idx, wt, k, post, comb,
+                T, hc, D);
+    else
+      gk_launch(mhc_post_k<true, 4, 4, float, true>, g, 256, 0, X, a, (const float *)eo, erow, idx, wt, k, post, comb, T,
+                hc, D);
+    return GK_LAUNCHED("mhc_post_moe");
+  }
   if (eo_bf16) /* four bf16 per 8-byte load */
     MHC_POST_LAUNCH(true, uint16_t, al16(X) && al16(a) && (uintptr_t)eo % 8 == 0, X, a, (const uint16_t *)eo, erow, idx, wt,
                     k, post, comb, T, hc, D);
@@ -1540,14 +1647,22 @@ __device__ void topk_masked_dev(const float *v, const unsigned char *allowed, in
  * so the same ids in the same order as topk_masked_dev's insertion); group
  * scores and weights as the serial reference computes them */
 #define ROUTE_WARPS 4
+/* (the order is strict, so the best is unique whatever the reduction's
+ * shape; each lane carries its candidate's value with its id, so the
+ * butterfly's steps wait on shuffles only, not on shared-memory reads) */
 __device__ __forceinline__ int route_argmax(const float *v, const unsigned char *ok, int n) {
   const int lane = threadIdx.x & 31;
   int bi = -1;
+  float bv = 0.f;
   for (int e = lane; e < n; e += 32)
-    if (ok[e] && (bi < 0 || r_before(v[e], e, v[bi], bi))) bi = e;
+    if (ok[e]) {
+      const float x = v[e];
+      if (bi < 0 || r_before(x, e, bv, bi)) bi = e, bv = x;
+    }
   for (int o = 16; o > 0; o >>= 1) {
     const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (oi >= 0 && (bi < 0 || r_before(v[oi], oi, v[bi], bi))) bi = oi;
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    if (oi >= 0 && (bi < 0 || r_before(ov, oi, bv, bi))) bi = oi, bv = ov;
   }
   return bi;
 }
@@ -1658,10 +1773,11 @@ __global__ void moe_route_k(const float *logits, const float *bias, int T, int E
   }
   if (wset && pfb > 0) route_prefetch(wset, sid, k, pfb / T, s_srt[w]);
   if (grp) route_group(sid, k, gmax, grp);
-  if (lane) return;
+  /* every lane adds the sum in the serial order, then lane i divides
+   * weight i (the serial loop's operations, its divisions side by side) */
   double sum = 0;
   for (int i = 0; i < k; i++) sum += sid[i] >= 0 ? sig[sid[i]] : 0.0f;
-  for (int i = 0; i < k; i++) {
+  for (int i = lane; i < k; i += 32) {
     double v = sid[i] >= 0 ? sig[sid[i]] : 0.0;
     if (norm) v /= sum + 1e-20;
     wt[(size_t)t * k + i] = (float)(v * scaling);
