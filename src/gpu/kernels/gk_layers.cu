@@ -141,6 +141,17 @@ __device__ void sinkhorn_dev(float *L, int n, int iters, float eps) {
 /* sinkhorn_dev for N x N compiled in, L in registers: the warp form's
  * operations in its order (the same bits), without its shuffles, whose
  * latency was most of each of the 39 dependent normalisations */
+/* each line a of L (elements a * SA + b * SB) divided by its sum + eps */
+template <int N, int SA, int SB> __device__ __forceinline__ void sinkhorn_lines(float *L, float eps) {
+#pragma unroll
+  for (int a = 0; a < N; a++) {
+    float s = 0;
+#pragma unroll
+    for (int b = 0; b < N; b++) s += L[a * SA + b * SB];
+#pragma unroll
+    for (int b = 0; b < N; b++) L[a * SA + b * SB] /= s + eps;
+  }
+}
 template <int N> __device__ __forceinline__ void sinkhorn_reg(float *L, int iters, float eps) {
 #pragma unroll
   for (int g = 0; g < N; g++) {
@@ -154,23 +165,8 @@ template <int N> __device__ __forceinline__ void sinkhorn_reg(float *L, int iter
     for (int h = 0; h < N; h++) L[g * N + h] = L[g * N + h] / s + eps;
   }
   for (int it = 0; it < iters; it++) {
-    if (it > 0)
-#pragma unroll
-      for (int g = 0; g < N; g++) {
-        float s = 0;
-#pragma unroll
-        for (int h = 0; h < N; h++) s += L[g * N + h];
-#pragma unroll
-        for (int h = 0; h < N; h++) L[g * N + h] /= s + eps;
-      }
-#pragma unroll
-    for (int h = 0; h < N; h++) {
-      float s = 0;
-#pragma unroll
-      for (int g = 0; g < N; g++) s += L[g * N + h];
-#pragma unroll
-      for (int g = 0; g < N; g++) L[g * N + h] /= s + eps;
-    }
+    if (it > 0) sinkhorn_lines<N, N, 1>(L, eps); /* rows */
+    sinkhorn_lines<N, 1, N>(L, eps);             /* columns */
   }
 }
 
