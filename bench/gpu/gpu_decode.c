@@ -77,9 +77,9 @@ static double decode(glm53_session *s, int steps, const int32_t *tok, float *log
  * the KDA recurrence's layout (gk_set_kda_layout) in a fresh session (its
  * graphs capture the launch parameters), then the defaults back. */
 /* branch, rgroup, sgroup: gk_set_branch / gk_set_route_group /
- * gk_set_shared_group (-1: the default); shfl: gk_set_mhc_sinkhorn_shfl(1),
- * nolat: gk_set_mhc_post_lat(0) (0: the defaults) */
-typedef struct { const char *what; int early, pfb, last; long xpf; int kda_layout, branch, rgroup, sgroup, shfl, nolat; } decode_var;
+ * gk_set_shared_group (-1: the default); nolat: gk_set_mhc_post_lat(0)
+ * (0: the default) */
+typedef struct { const char *what; int early, pfb, last; long xpf; int kda_layout, branch, rgroup, sgroup, nolat; } decode_var;
 static double decode_variant(glm53_model *m, const decode_var *v, int steps, const int32_t *tok, float *logits) {
   gk_set_pdl_early(v->early);
   gk_set_gemv_l2pf(v->pfb, v->last);
@@ -88,7 +88,6 @@ static double decode_variant(glm53_model *m, const decode_var *v, int steps, con
   gk_set_branch(v->branch);
   gk_set_route_group(v->rgroup);
   gk_set_shared_group(v->sgroup);
-  gk_set_mhc_sinkhorn_shfl(v->shfl ? 1 : -1);
   gk_set_mhc_post_lat(v->nolat ? 0 : -1);
   glm53_session *s = glm53_session_new(m, 64 + steps + 16);
   if (!s) { printf("session: %s\n", glm53_last_error()); exit(1); }
@@ -102,7 +101,6 @@ static double decode_variant(glm53_model *m, const decode_var *v, int steps, con
   gk_set_branch(-1);
   gk_set_route_group(-1);
   gk_set_shared_group(-1);
-  gk_set_mhc_sinkhorn_shfl(-1);
   gk_set_mhc_post_lat(-1);
   return dt;
 }
@@ -110,12 +108,12 @@ static double decode_variant(glm53_model *m, const decode_var *v, int steps, con
  * two are kept as a check, with the KDA layouts' decode cost */
 static void decode_sweep(glm53_model *m, int steps, const int32_t *tok, float *logits, size_t dbytes, double bw) {
   static const decode_var vs[] = {
-      {"the defaults (late trigger, no L2 prefetch, KDA layout g4)", 0, 0, 1, 0, 0, -1, -1, -1, 0, 0},
-      {"early trigger only", 1, 0, 1, 0, 0, -1, -1, -1, 0, 0},
-      {"GEMV L2 prefetch 4 KB/row only (late trigger)", 0, 4096, 1, 0, 0, -1, -1, -1, 0, 0},
-      {"KDA layout w4 (GLM53_GPU_KDA_LAYOUT)", 0, 0, 1, 0, GK_KR_W4, -1, -1, -1, 0, 0},
-      {"KDA layout g2", 0, 0, 1, 0, GK_KR_G2, -1, -1, -1, 0, 0},
-      {"the defaults again (drift)", 0, 0, 1, 0, 0, -1, -1, -1, 0, 0},
+      {"the defaults (late trigger, no L2 prefetch, KDA layout g4)", 0, 0, 1, 0, 0, -1, -1, -1, 0},
+      {"early trigger only", 1, 0, 1, 0, 0, -1, -1, -1, 0},
+      {"GEMV L2 prefetch 4 KB/row only (late trigger)", 0, 4096, 1, 0, 0, -1, -1, -1, 0},
+      {"KDA layout w4 (GLM53_GPU_KDA_LAYOUT)", 0, 0, 1, 0, GK_KR_W4, -1, -1, -1, 0},
+      {"KDA layout g2", 0, 0, 1, 0, GK_KR_G2, -1, -1, -1, 0},
+      {"the defaults again (drift)", 0, 0, 1, 0, 0, -1, -1, -1, 0},
   };
   for (size_t i = 0; i < sizeof vs / sizeof *vs; i++) {
     const double dt = decode_variant(m, &vs[i], steps, tok, logits);
@@ -124,16 +122,13 @@ static void decode_sweep(glm53_model *m, int steps, const int32_t *tok, float *l
   }
 }
 
-/* the newest decode changes (GLM53_BENCH_QUICK too), defaults since the
- * twenty-first session: the mHC Sinkhorn in registers against its
- * warp-shuffle form, the MoE post's latency form against the occupancy
- * form, and both as before; two rounds, interleaved, for the drift */
+/* the newest decode change (GLM53_BENCH_QUICK too): the MoE post's
+ * latency form (the default since the twenty-first session) against its
+ * occupancy form; two rounds, interleaved, for the drift */
 static void decode_ab(glm53_model *m, int steps, const int32_t *tok, float *logits, size_t dbytes, double bw) {
   static const decode_var vs[] = {
-      {"the defaults", 0, 0, 1, 0, 0, -1, -1, -1, 0, 0},
-      {"Sinkhorn in shuffles (GLM53_GPU_SINKHORN_SHFL=1)", 0, 0, 1, 0, 0, -1, -1, -1, 1, 0},
-      {"MoE post without its latency form (GLM53_GPU_POST_LAT=0)", 0, 0, 1, 0, 0, -1, -1, -1, 0, 1},
-      {"both as before this session", 0, 0, 1, 0, 0, -1, -1, -1, 1, 1},
+      {"the defaults", 0, 0, 1, 0, 0, -1, -1, -1, 0},
+      {"MoE post without its latency form (GLM53_GPU_POST_LAT=0)", 0, 0, 1, 0, 0, -1, -1, -1, 1},
   };
   for (int round = 0; round < 2; round++)
     for (size_t i = 0; i < sizeof vs / sizeof *vs; i++) {

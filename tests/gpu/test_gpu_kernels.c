@@ -763,18 +763,6 @@ static void mhc_pre_case(int T, int D) {
     free(hc2);
     gk_free(dy2); gk_free(dp2); gk_free(dc2);
   }
-  { /* the Sinkhorn's register form (the default) and its warp-shuffle
-     * form (gk_set_mhc_sinkhorn_shfl): the same bits */
-    float *dc2 = gk_malloc((size_t)T * hc * hc * 4), *dy2 = gk_malloc((size_t)T * D * 4), *dp2 = gk_malloc((size_t)T * hc * 4);
-    gk_set_mhc_sinkhorn_shfl(1);
-    const int rc2 =
-        gk_mhc_pre(dX, dmix, NULL, dbase, dsc, dnw, T, hc, D, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, dp2, dc2, dy2, NULL);
-    gk_set_mhc_sinkhorn_shfl(-1);
-    const int same = !rc2 && dsame(dc2, dcomb, (size_t)T * hc * hc) && dsame(dy2, dy, (size_t)T * D);
-    CHECK(same, "mhc pre D %d: the Sinkhorn's shuffle form differs from its register form (rc %d: %s)", D, rc2, gk_error());
-    printf("mhc pre, %d tokens, D %d: Sinkhorn in shuffles bitwise as in registers: %s\n", T, D, same ? "yes" : "NO");
-    gk_free(dc2); gk_free(dy2); gk_free(dp2);
-  }
   if (T >= 64) { /* long launches (from 1024 tokens) cache the streams in shared memory: the same bits as 2 tokens alone */
     float *dy2 = gk_malloc((size_t)2 * D * 4), *dp2 = gk_malloc((size_t)2 * hc * 4), *dc2 = gk_malloc((size_t)2 * hc * hc * 4);
     const int rc2 =

@@ -266,10 +266,6 @@ int gk_mhc_comb(const float *X, const float *mixraw, const float *ssq, const flo
  * every load ahead of the routed outputs' additions) or not (0); same
  * bits; -1: GLM53_GPU_POST_LAT */
 void gk_set_mhc_post_lat(int on);
-/* the Sinkhorn of gk_mhc_pre / gk_mhc_comb in its warp-shuffle form (1)
- * instead of registers (0, the default; same bits); -1:
- * GLM53_GPU_SINKHORN_SHFL */
-void gk_set_mhc_sinkhorn_shfl(int on);
 /* A branch of a graph being captured on the compute stream: between
  * gk_branch_fork (1: forked; 0: not capturing, HIP, or off: opt-in,
  * GLM53_GPU_BRANCH=1 / gk_set_branch(1)) and gk_branch_back the launches go to a second stream

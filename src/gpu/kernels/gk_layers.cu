@@ -138,38 +138,6 @@ __device__ void sinkhorn_dev(float *L, int n, int iters, float eps) {
   }
 }
 
-/* sinkhorn_dev for N x N compiled in, L in registers: the warp form's
- * operations in its order (the same bits), without its shuffles, whose
- * latency was most of each of the 39 dependent normalisations */
-/* each line a of L (elements a * SA + b * SB) divided by its sum + eps */
-template <int N, int SA, int SB> __device__ __forceinline__ void sinkhorn_lines(float *L, float eps) {
-#pragma unroll
-  for (int a = 0; a < N; a++) {
-    float s = 0;
-#pragma unroll
-    for (int b = 0; b < N; b++) s += L[a * SA + b * SB];
-#pragma unroll
-    for (int b = 0; b < N; b++) L[a * SA + b * SB] /= s + eps;
-  }
-}
-template <int N> __device__ __forceinline__ void sinkhorn_reg(float *L, int iters, float eps) {
-#pragma unroll
-  for (int g = 0; g < N; g++) {
-    float mx = L[g * N];
-#pragma unroll
-    for (int h = 1; h < N; h++) mx = fmaxf(mx, L[g * N + h]);
-    float s = 0;
-#pragma unroll
-    for (int h = 0; h < N; h++) s += (L[g * N + h] = expf(L[g * N + h] - mx));
-#pragma unroll
-    for (int h = 0; h < N; h++) L[g * N + h] = L[g * N + h] / s + eps;
-  }
-  for (int it = 0; it < iters; it++) {
-    if (it > 0) sinkhorn_lines<N, N, 1>(L, eps); /* rows */
-    sinkhorn_lines<N, 1, N>(L, eps);             /* columns */
-  }
-}
-
 /* One block per token. Every load of X is issued with several others in
  * flight (float4, unrolled: a single block per token at decode is latency
  * bound; H200, D = 4096: 27 -> 19 us per site, gk_kprof with launch gaps),
@@ -200,25 +168,16 @@ __device__ __forceinline__ float4 mhc_collapse4(const float4 *X4, const float *p
 }
 /* warp 0 of token t's block: the Sinkhorn of its mixing logits (r: the
  * rms factor of its streams) into combt; HC: sv, sb, ss2 are lane's logit
- * input, base and scale[2], loaded up front by the caller; shfl: the
- * shuffle form even where HC is compiled in (gk_set_mhc_sinkhorn_shfl;
- * the same bits) */
+ * input, base and scale[2], loaded up front by the caller. (Every lane
+ * holding the whole 4 x 4 matrix in registers, the serial loop's 16
+ * divisions per normalisation in each lane instead of one, measured 1.6
+ * ms per token slower on an H100: the divisions, not the shuffles, are
+ * the chain; twenty-first session.) */
 template <int HC>
 __device__ __forceinline__ void mhc_sinkhorn_warp(const float *mu, const float *base, const float *scale, float r, int hc,
-                                                  int iters, float hc_eps, float *combt, float sv, float sb, float ss2,
-                                                  int shfl) {
+                                                  int iters, float hc_eps, float *combt, float sv, float sb, float ss2) {
   const int lane = threadIdx.x & 31;
-  if (HC && !shfl) { /* every lane holds all of L in registers: no shuffles on the chain (sinkhorn_reg) */
-    constexpr int N = HC ? HC : 1; /* (HC 0 never gets here) */
-    float L[N * N];
-#pragma unroll
-    for (int k = 0; k < N * N; k++) L[k] = __shfl_sync(0xffffffffu, ss2 * (sv * r) + sb, k);
-    sinkhorn_reg<N>(L, iters, hc_eps);
-    float mine = 0.f;
-#pragma unroll
-    for (int k = 0; k < N * N; k++) mine = lane == k ? L[k] : mine;
-    if (lane < N * N) combt[lane] = mine;
-  } else if (hc * hc <= 32) { /* lane (g, h) holds L[g][h]; the serial path's operations in its order */
+  if (hc * hc <= 32) { /* lane (g, h) holds L[g][h]; the serial path's operations in its order */
     const int nn = hc * hc, g = lane / hc, h = lane % hc;
     float v = lane >= nn ? 0.f : HC ? ss2 * (sv * r) + sb : scale[2] * (mu[2 * hc + lane] * r) + base[2 * hc + lane];
     float mx = __shfl_sync(0xffffffffu, v, g * hc);
@@ -272,7 +231,7 @@ __device__ __forceinline__ float mhc_ssq(const float *Xt, int n, const float *ss
 template <bool VEC, bool CACHE, int HC>
 __global__ void mhc_pre_k(const float *X, const float *mixraw, const float *ssq, const float *base, const float *scale,
                           const float *norm_w, int hc_, int D, int iters, float hc_eps, float rms_eps, float *post, float *comb,
-                          float *y, uint16_t *y16, int shfl) {
+                          float *y, uint16_t *y16) {
   GK_PDL_BEGIN();
   const int hc = HC ? HC : hc_; /* HC: the stream count compiled in (the same operations, unrolled) */
   __shared__ float sh[32], sh2[32]; /* block_sum's partials; the y sums' (apart: no barrier between their uses) */
@@ -315,7 +274,7 @@ __global__ void mhc_pre_k(const float *X, const float *mixraw, const float *ssq,
   float *yt = y + (size_t)t * D;
   float4 yr[MHC_YK];
   if (w == 0) {
-    if (comb) mhc_sinkhorn_warp<HC>(mu, base, scale, r, hc, iters, hc_eps, comb + (size_t)t * hc * hc, sv, sb, ss2, shfl);
+    if (comb) mhc_sinkhorn_warp<HC>(mu, base, scale, r, hc, iters, hc_eps, comb + (size_t)t * hc * hc, sv, sb, ss2);
   } else if (VEC) {
     float s2 = 0;
 #pragma unroll
@@ -387,7 +346,7 @@ __global__ void mhc_pre_k(const float *X, const float *mixraw, const float *ssq,
 template <bool VEC, int HC>
 __global__ void __launch_bounds__(MHC_PRE_THREADS)
     mhc_comb_k(const float *X, const float *mixraw, const float *ssq, const float *base, const float *scale, int hc_, int D,
-               int iters, float hc_eps, float rms_eps, float *comb, int shfl) {
+               int iters, float hc_eps, float rms_eps, float *comb) {
   GK_PDL_BEGIN();
   __shared__ float sh[32];
   const int hc = HC ? HC : hc_, t = blockIdx.x, n = hc * D, lane = threadIdx.x & 31;
@@ -400,16 +359,7 @@ __global__ void __launch_bounds__(MHC_PRE_THREADS)
     if (lane < HC * HC) sv = mu[2 * HC + lane], sb = base[2 * HC + lane];
     ss2 = scale[2];
   }
-  mhc_sinkhorn_warp<HC>(mu, base, scale, r, hc, iters, hc_eps, comb + (size_t)t * hc * hc, sv, sb, ss2, shfl);
-}
-/* GLM53_GPU_SINKHORN_SHFL=1 / gk_set_mhc_sinkhorn_shfl(1): the Sinkhorn's
- * shuffle form for the 4 streams compiled in (before the twenty-first
- * session; the same bits as the register form, for A/B) */
-static int g_sk_shfl = -1;
-extern "C" void gk_set_mhc_sinkhorn_shfl(int on) { g_sk_shfl = on < 0 ? -1 : !!on; }
-static int sinkhorn_shfl(void) {
-  if (g_sk_shfl < 0) g_sk_shfl = getenv("GLM53_GPU_SINKHORN_SHFL") && !strcmp(getenv("GLM53_GPU_SINKHORN_SHFL"), "1");
-  return g_sk_shfl;
+  mhc_sinkhorn_warp<HC>(mu, base, scale, r, hc, iters, hc_eps, comb + (size_t)t * hc * hc, sv, sb, ss2);
 }
 static bool mhc_vec(int D, const float *X, const float *y, const float *norm_w, const void *y16) {
   return D % 4 == 0 && (uintptr_t)X % 16 == 0 && (uintptr_t)y % 16 == 0 && (uintptr_t)norm_w % 16 == 0 &&
@@ -422,11 +372,11 @@ extern "C" int gk_mhc_comb(const float *X, const float *mixraw, const float *ssq
   if (T <= 0) return 0;
   const bool vec = mhc_vec(D, X, y, norm_w, y16); /* the pre's choice of loop: the same sums */
   if (vec && hc == 4)
-    gk_launch(mhc_comb_k<true, 4>, T, MHC_PRE_THREADS, 0, X, mixraw, ssq, base, scale, hc, D, iters, hc_eps, rms_eps, comb, sinkhorn_shfl());
+    gk_launch(mhc_comb_k<true, 4>, T, MHC_PRE_THREADS, 0, X, mixraw, ssq, base, scale, hc, D, iters, hc_eps, rms_eps, comb);
   else if (vec)
-    gk_launch(mhc_comb_k<true, 0>, T, MHC_PRE_THREADS, 0, X, mixraw, ssq, base, scale, hc, D, iters, hc_eps, rms_eps, comb, sinkhorn_shfl());
+    gk_launch(mhc_comb_k<true, 0>, T, MHC_PRE_THREADS, 0, X, mixraw, ssq, base, scale, hc, D, iters, hc_eps, rms_eps, comb);
   else
-    gk_launch(mhc_comb_k<false, 0>, T, MHC_PRE_THREADS, 0, X, mixraw, ssq, base, scale, hc, D, iters, hc_eps, rms_eps, comb, sinkhorn_shfl());
+    gk_launch(mhc_comb_k<false, 0>, T, MHC_PRE_THREADS, 0, X, mixraw, ssq, base, scale, hc, D, iters, hc_eps, rms_eps, comb);
   return GK_LAUNCHED("mhc comb");
 }
 /* the cached form's dynamic shared memory opt-in (once per size) */
@@ -456,16 +406,16 @@ extern "C" int gk_mhc_pre(const float *X, const float *mixraw, const float *ssq,
   const size_t xs = (size_t)hc * D * sizeof(float);
   if (vec && !ssq && cache_on && T >= 1024 && xs <= 96 * 1024 && mhc_cache_smem(xs))
     gk_launch(mhc_pre_k<true, true, 0>, T, MHC_PRE_THREADS, xs, X, mixraw, ssq, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post,
-              comb, y, y16, sinkhorn_shfl());
+              comb, y, y16);
   else if (vec && hc == 4) /* the model's 4 streams compiled in: the collapse's loads and the Sinkhorn's shuffles unrolled */
     gk_launch(mhc_pre_k<true, false, 4>, T, MHC_PRE_THREADS, 0, X, mixraw, ssq, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post,
-              comb, y, y16, sinkhorn_shfl());
+              comb, y, y16);
   else if (vec)
     gk_launch(mhc_pre_k<true, false, 0>, T, MHC_PRE_THREADS, 0, X, mixraw, ssq, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post,
-              comb, y, y16, sinkhorn_shfl());
+              comb, y, y16);
   else
     gk_launch(mhc_pre_k<false, false, 0>, T, MHC_PRE_THREADS, 0, X, mixraw, ssq, base, scale, norm_w, hc, D, iters, hc_eps, rms_eps, post,
-              comb, y, y16, sinkhorn_shfl());
+              comb, y, y16);
   return GK_LAUNCHED("mhc_pre");
 }
 
