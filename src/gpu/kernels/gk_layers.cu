@@ -658,10 +658,14 @@ __global__ void mhc_post_k(float *X, const float *a, const ET *eo, const int *er
   int t = (int)(i / D), d = (int)(i % D), nv = -1;
   float old[HM][V], y[V], cbl[LAT ? HM * HM : 1], phl[LAT ? HM : 1];
   float *Xt = X + (size_t)t * hc * D;
-  if (LAT && i < (size_t)T * D) {
+  auto load = [&] { /* the token's streams and the sublayer's output at d */
 #pragma unroll
-    for (int g = 0; g < HM; g++) vload<V>(old[g], Xt + (size_t)g * D + d);
+    for (int g = 0; g < HM; g++)
+      if (g < hc) vload<V>(old[g], Xt + (size_t)g * D + d);
     vload<V>(y, a + (size_t)t * D + d);
+  };
+  if (LAT && i < (size_t)T * D) {
+    load();
 #pragma unroll
     for (int q = 0; q < HM * HM; q++) cbl[q] = comb[(size_t)t * HM * HM + q];
 #pragma unroll
@@ -672,12 +676,7 @@ __global__ void mhc_post_k(float *X, const float *a, const ET *eo, const int *er
     if (b0 / D == b1 / D) nv = moe_order(idx, (int)(b0 / D), k, ord);
   }
   if (i >= (size_t)T * D) return;
-  if (!LAT) {
-#pragma unroll
-    for (int g = 0; g < HM; g++)
-      if (g < hc) vload<V>(old[g], Xt + (size_t)g * D + d);
-    vload<V>(y, a + (size_t)t * D + d);
-  }
+  if (!LAT) load();
   if (LAT && MOE && nv >= 0 && nv <= 8) {
     float w8[8], e8[8][V];
 #pragma unroll
