@@ -77,9 +77,10 @@ static double decode(glm53_session *s, int steps, const int32_t *tok, float *log
  * the KDA recurrence's layout (gk_set_kda_layout) in a fresh session (its
  * graphs capture the launch parameters), then the defaults back. */
 /* branch, rgroup, sgroup: gk_set_branch / gk_set_route_group /
- * gk_set_shared_group (-1: the default); nolat: gk_set_mhc_post_lat(0)
- * (0: the default) */
-typedef struct { const char *what; int early, pfb, last; long xpf; int kda_layout, branch, rgroup, sgroup, nolat; } decode_var;
+ * gk_set_shared_group (-1: the default); opt: OPT_* bits (0: the
+ * defaults), the MoE post's latency form off or an opt-in launch fusion on */
+enum { OPT_NO_POST_LAT = 1, OPT_ROUTE_FUSE = 2, OPT_IDX_FUSE = 4, OPT_PRE_FUSE = 8, OPT_KDA_OUT_FUSE = 16 };
+typedef struct { const char *what; int early, pfb, last; long xpf; int kda_layout, branch, rgroup, sgroup, opt; } decode_var;
 static double decode_variant(glm53_model *m, const decode_var *v, int steps, const int32_t *tok, float *logits) {
   gk_set_pdl_early(v->early);
   gk_set_gemv_l2pf(v->pfb, v->last);
@@ -88,7 +89,11 @@ static double decode_variant(glm53_model *m, const decode_var *v, int steps, con
   gk_set_branch(v->branch);
   gk_set_route_group(v->rgroup);
   gk_set_shared_group(v->sgroup);
-  gk_set_mhc_post_lat(v->nolat ? 0 : -1);
+  gk_set_mhc_post_lat(v->opt & OPT_NO_POST_LAT ? 0 : -1);
+  gk_set_route_fuse(v->opt & OPT_ROUTE_FUSE ? 1 : -1);
+  gk_set_idx_fuse(v->opt & OPT_IDX_FUSE ? 1 : -1);
+  gk_set_mhc_pre_fuse(v->opt & OPT_PRE_FUSE ? 1 : -1);
+  gk_set_kda_out_fuse(v->opt & OPT_KDA_OUT_FUSE ? 1 : -1);
   glm53_session *s = glm53_session_new(m, 64 + steps + 16);
   if (!s) { printf("session: %s\n", glm53_last_error()); exit(1); }
   run(s, tok, 64, logits);
@@ -102,6 +107,7 @@ static double decode_variant(glm53_model *m, const decode_var *v, int steps, con
   gk_set_route_group(-1);
   gk_set_shared_group(-1);
   gk_set_mhc_post_lat(-1);
+  gk_set_decode_fusions(-1);
   return dt;
 }
 /* the eighth session measured every L2 prefetch variant slower (docs/gpu.md):
@@ -122,13 +128,21 @@ static void decode_sweep(glm53_model *m, int steps, const int32_t *tok, float *l
   }
 }
 
-/* the newest decode change (GLM53_BENCH_QUICK too): the MoE post's
- * latency form (the default since the twenty-first session) against its
- * occupancy form; two rounds, interleaved, for the drift */
+/* the newest decode changes (GLM53_BENCH_QUICK too), the twenty-second
+ * session's opt-in launch fusions: the routing inside the router's launch,
+ * the mHC pre inside its projection's (one token), the MLA's state stores
+ * inside the norms' and one indexer launch, the KDA gated norm inside the
+ * recurrence's; each alone, then all four; two rounds, interleaved, for
+ * the drift */
 static void decode_ab(glm53_model *m, int steps, const int32_t *tok, float *logits, size_t dbytes, double bw) {
   static const decode_var vs[] = {
       {"the defaults", 0, 0, 1, 0, 0, -1, -1, -1, 0},
-      {"MoE post without its latency form (GLM53_GPU_POST_LAT=0)", 0, 0, 1, 0, 0, -1, -1, -1, 1},
+      {"route in the router launch (GLM53_GPU_ROUTE_FUSE=1)", 0, 0, 1, 0, 0, -1, -1, -1, OPT_ROUTE_FUSE},
+      {"mHC pre in the projection launch (GLM53_GPU_MHC_PRE_FUSE=1)", 0, 0, 1, 0, 0, -1, -1, -1, OPT_PRE_FUSE},
+      {"indexer stores fused (GLM53_GPU_IDX_FUSE=1)", 0, 0, 1, 0, 0, -1, -1, -1, OPT_IDX_FUSE},
+      {"KDA gated norm in the recurrence (GLM53_GPU_KDA_OUT_FUSE=1)", 0, 0, 1, 0, 0, -1, -1, -1, OPT_KDA_OUT_FUSE},
+      {"all four fusions", 0, 0, 1, 0, 0, -1, -1, -1,
+       OPT_ROUTE_FUSE | OPT_IDX_FUSE | OPT_PRE_FUSE | OPT_KDA_OUT_FUSE},
   };
   for (int round = 0; round < 2; round++)
     for (size_t i = 0; i < sizeof vs / sizeof *vs; i++) {

@@ -301,7 +301,7 @@ static int check_dims(const glm53_config *c) {
   if (c->hc_mult > 16) return glm53_err("gpu: hc_mult %d above 16", c->hc_mult);
   if (c->kv_lora_rank > 512) return glm53_err("gpu: kv_lora_rank %d above 512", c->kv_lora_rank);
   if (c->linear_head_dim > 256) return glm53_err("gpu: linear_head_dim %d above 256", c->linear_head_dim);
-  if (c->n_routed_experts > 512 || c->n_group > 64 || c->num_experts_per_tok > 64)
+  if (c->n_routed_experts > GK_ROUTE_E_MAX || c->n_group > 64 || c->num_experts_per_tok > 64)
     return glm53_err("gpu: MoE shape (%d experts, %d groups, top-%d) above the router kernel's bounds", c->n_routed_experts,
                      c->n_group, c->num_experts_per_tok);
   if (c->index_kpool > 64) return glm53_err("gpu: index_kpool %d above 64", c->index_kpool);
@@ -815,14 +815,19 @@ static int kda_body(const glm53_config *c, const gkda *w, const gk_batch *b, act
     TRY(gk_matmul_multi(p2 + 1, 1, NULL, T, 0));
     TRY(gk_side_back());
   }
-  /* the chunked form works in the projection buffer (dead after the conv) */
+  /* the chunked form works in the projection buffer (dead after the conv,
+   * as is that form's work: the gated norm may write its bf16 rows there) */
+  int orc = 1; /* decode (z complete: no side stream): the recurrence's launch also applies the gated norm */
   if (gk_kda_chunk_use(b, hd) && gk_kda_chunk_work(T, H, hd) <= (size_t)T * ch)
     TRY(gk_kda_chunked(b, A->qkv, A->g, w->dt_bias, w->A_log, c->linear_lower_bound, A->beta, T, H, hd, A->raw, A->o));
-  else
-    TRY(gk_kda_recur_gated(b, A->qkv, A->g, w->dt_bias, w->A_log, c->linear_lower_bound, A->beta, T, H, hd, A->o));
+  else {
+    if (!side)
+      TRY((orc = gk_kda_recur_out(b, A->qkv, A->g, w->dt_bias, w->A_log, c->linear_lower_bound, A->beta, T, H, hd, A->o,
+                                  A->z, w->o_norm, c->rms_norm_eps, ob16 ? A->raw : NULL)) < 0);
+    if (orc) TRY(gk_kda_recur_gated(b, A->qkv, A->g, w->dt_bias, w->A_log, c->linear_lower_bound, A->beta, T, H, hd, A->o));
+  }
   TRY(gk_side_join()); /* z */
-  /* (the projection buffer is dead from the conv on, the chunked form's work too) */
-  TRY(gk_kda_out(A->o, A->z, w->o_norm, T, H, hd, c->rms_norm_eps, ob16 ? A->raw : NULL));
+  if (orc) TRY(gk_kda_out(A->o, A->z, w->o_norm, T, H, hd, c->rms_norm_eps, ob16 ? A->raw : NULL));
   return ob16 ? gk_matmul_xb16(&w->o, A->raw, T, A->a, D) : gk_matmul(&w->o, A->o, T, inner, A->a, D);
 }
 static int kda_dev(const glm53_config *c, const gkda *w, const gk_batch *b, acts *A, int T) {
@@ -849,8 +854,9 @@ static int mla_body(const glm53_config *c, const gmla *w, const gk_batch *b, act
     p1[n1++] = (gk_prod){.W = &w->gate, .y = A->kg, .ldy = hd};
   }
   TRY(gk_matmul_multi(p1, n1, A->y, T, D));
-  TRY(gk_rmsnorm2((gk_norm_rows){A->r, ql, A->r, ql, w->q_a_norm, ql}, (gk_norm_rows){A->ckv, kl, A->ckv, kl, w->kv_a_norm, kl},
-                  T, c->rms_norm_eps));
+  /* (the latent cache rows at the tokens' positions stored by the same launch) */
+  TRY(gk_rmsnorm2_at((gk_norm_rows){A->r, ql, A->r, ql, w->q_a_norm, ql}, (gk_norm_rows){A->ckv, kl, A->ckv, kl, w->kv_a_norm, kl},
+                     T, c->rms_norm_eps, b, GK_ST_LATENT, kl));
   /* long chunks the fused MLA kernel takes (gk_mla_q16): the query
    * product writes the bf16 queries that kernel reads (no fp32 queries, no
    * rounding pass) */
@@ -867,14 +873,17 @@ static int mla_body(const glm53_config *c, const gmla *w, const gk_batch *b, act
   } else {
     TRY(gk_matmul_multi(p2, w->has_idx ? 2 : 1, A->r, T, ql));
   }
-  TRY(gk_store_at(b, GK_ST_LATENT, kl, A->ckv, T, kl)); /* latent cache rows at the tokens' positions */
   pr_mark(PR_MLA);
   if (w->has_idx) {
     const int nh = c->index_n_heads, hd = c->index_head_dim;
-    TRY(gk_layernorm(A->kk, hd, A->kk, hd, w->knw, w->knb, T, hd, 1e-6f));
-    TRY(gk_store_at(b, GK_ST_IK, hd, A->kk, T, hd));
-    TRY(gk_store_at(b, GK_ST_IS, hd, A->kg, T, hd));
-    TRY(gk_pool_keys(b, w->ape, P, hd));
+    int krc; /* decode: the key norm, both stores and the pooling in one launch */
+    TRY((krc = gk_idx_keys(b, A->kk, A->kg, w->knw, w->knb, w->ape, T, P, hd, 1e-6f)) < 0);
+    if (krc) {
+      TRY(gk_layernorm(A->kk, hd, A->kk, hd, w->knw, w->knb, T, hd, 1e-6f));
+      TRY(gk_store_at(b, GK_ST_IK, hd, A->kk, T, hd));
+      TRY(gk_store_at(b, GK_ST_IS, hd, A->kg, T, hd));
+      TRY(gk_pool_keys(b, w->ape, P, hd));
+    }
     int irc = 1; /* long chunks of one sequence: every pool's scores in one GEMM over the pooled keys made contiguous */
     if (gemm && mla_gemm_on()) {
       const int npool = (pos0 + T) / P;
@@ -1085,27 +1094,32 @@ static int moe_body(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
   TRY(side < 0);
   gk_shared_rows sg, sd; /* decode: the shared products inside the grouped launches */
   const int shm = shared_rows(c, G, A, T, &sg, &sd);
+  const int dec = T < gk_gemm_min();
+  /* decode: the router launch's last block routes (and for one token
+   * groups the pairs per expert), unless gk_matmul_route declines */
+  const gk_route_req rq = {.bias = G->bias, .E = E, .k = k, .G = c->n_group, .topk_group = c->topk_group,
+                           .norm = c->norm_topk_prob, .scaling = c->routed_scaling_factor, .idx = A->idx,
+                           .grp = T == 1 ? A->grp : NULL, .wt = A->wt};
+  int routed = 1; /* gk_matmul_route's answer: 1 not routed */
   if (T >= gk_gemm_min()) { /* the shared expert (on the side stream when forked), then the router */
     TRY(gk_mlp(&G->shared.gate, &G->shared.up, &G->shared.down, A->y, T, D, A->sg, A->su, lim, A->a, D));
     TRY(gk_side_back()); /* (no-op unless forked) */
     TRY(gk_matmul(&G->router, A->y, T, D, A->logits, E));
-  } else if (shm == 2) {
-    TRY(gk_matmul(&G->router, A->y, T, D, A->logits, E));
   } else {
     const gk_prod p[] = {{.W = &G->router, .y = A->logits, .ldy = E},
                          {.W = &G->shared.gate, .y = A->sg, .ldy = Is, .W2 = &G->shared.up, .u = A->su, .limit = lim}};
-    TRY(gk_matmul_multi(p, 2, A->y, T, D));
+    const int npr = shm == 2 ? 1 : 2; /* (shm 2: the shared gate and up ride in the grouped launch) */
+    TRY((routed = gk_matmul_route(p, npr, A->y, T, D, 0, &rq)) < 0);
+    if (routed == 1) TRY(gk_matmul_multi(p, npr, A->y, T, D));
   }
-  /* decode: the route launch also prefetches the selected experts into L2
-   * (every expert of this layer is resident here): they arrive while the
-   * shared expert's down product and the grouping run */
-  const int dec = T < gk_gemm_min();
-  /* one token: the route launch also groups the pairs per expert */
-  int need_group = 1;
-  if (dec)
+  /* else a route launch: at decode it can also prefetch the selected
+   * experts into L2 (every expert of this layer is resident here), and for
+   * one token it also groups the pairs per expert */
+  int need_group = routed == 2 || (routed == 0 && !rq.grp);
+  if (dec && routed == 1)
     TRY((need_group = gk_moe_route_group(A->logits, G->bias, T, E, k, c->n_group, c->topk_group, c->norm_topk_prob,
                                          c->routed_scaling_factor, A->idx, A->wt, G->d_exp, A->grp)) < 0);
-  if (need_group)
+  if (routed == 1 && need_group)
     TRY(gk_moe_route_pf(A->logits, G->bias, T, E, k, c->n_group, c->topk_group, c->norm_topk_prob,
                         c->routed_scaling_factor, A->idx, A->wt, dec ? G->d_exp : NULL));
   if (dec) { /* decode: pairs grouped per expert on the device, each expert's weights read once */
@@ -1172,10 +1186,19 @@ static int site(const glm53_config *c, const ghc *hw, const float *norm_w, acts 
   /* long chunks: the projection and the sum of squares in one pass over X */
   int rc = !projected;
   if (rc && T >= MHC_PROJ_MIN && mhc_proj_on()) TRY((rc = gk_mhc_proj(&hw->fn, A->X, T, hc, D, A->mixraw, A->ssq)) < 0);
-  if (rc) TRY(gk_matmul(&hw->fn, A->X, T, hc * D, A->mixraw, mix));
   /* long chunks: y also in bf16, which every cuBLAS product of y (and the
    * MoE gather) then reads instead of converting y again */
   void *y16 = T >= gk_gemm_min() && gk_have_blas() && gk_xb_alias_on() ? A->y16 : NULL;
+  if (rc) { /* one token: the projection's launch runs the pre in its last block */
+    int f;
+    TRY((f = gk_mhc_proj_pre(&hw->fn, A->X, T, hc, D, A->mixraw, hw->base, hw->scale, norm_w, c->hc_sinkhorn_iters, c->hc_eps,
+                             c->rms_norm_eps, A->post, A->comb, A->y, y16)) < 0);
+    if (!f) {
+      gk_xb_alias(A->y, T, D, y16);
+      return 0;
+    }
+  }
+  if (rc) TRY(gk_matmul(&hw->fn, A->X, T, hc * D, A->mixraw, mix));
   const float *ssq = rc ? NULL : A->ssq;
   /* opt-in (GLM53_GPU_BRANCH=1, measured 0.10 ms per token slower): in a
    * captured decode step comb (the Sinkhorn, the pre's longest chain) on a

@@ -60,6 +60,10 @@ struct uint4 {
   unsigned x, y, z, w;
 };
 static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return uint4{a, b, c, d}; }
+struct uint2 {
+  unsigned x, y;
+};
+static inline uint2 make_uint2(unsigned a, unsigned b) { return uint2{a, b}; }
 static inline unsigned __float_as_uint(float f) {
   unsigned u;
   memcpy(&u, &f, 4);
@@ -77,6 +81,16 @@ static inline unsigned atomicOr(unsigned *p, unsigned v) {
   *p = o | v;
   return o;
 }
+static inline unsigned atomicAdd(unsigned *p, unsigned v) {
+  const unsigned o = *p;
+  *p = o + v;
+  return o;
+}
+static inline void __threadfence() {} /* one memory, blocks one after another */
+/* gk_common.cuh's memory helpers (device only there): an L2 load is a
+ * load, an L2 prefetch nothing */
+static inline float gk_ldcg(const float *p) { return *p; }
+static inline void gk_l2_prefetch(const void *, unsigned, bool) {}
 #define GK_EMU 1
 
 static dim3 gridDim, blockDim, blockIdx, threadIdx;
@@ -232,6 +246,11 @@ static inline float __shfl_sync(unsigned mask, float v, int src) {
 }
 /* v from lane (lane ^ o) of the calling warp */
 static inline float __shfl_xor_sync(unsigned mask, float v, int o) { return __shfl_sync(mask, v, (emu::g.cur->tid & 31) ^ o); }
+/* the same for ints (their bits travel in the float slots: copies only) */
+static inline int __shfl_sync(unsigned mask, int v, int src) {
+  return (int)__float_as_uint(__shfl_sync(mask, __uint_as_float((unsigned)v), src));
+}
+static inline int __shfl_xor_sync(unsigned mask, int v, int o) { return __shfl_sync(mask, v, (emu::g.cur->tid & 31) ^ o); }
 static inline void __syncthreads() { emu::yield(emu::BLOCK_WAIT); }
 /* the calling warp's 32 lanes (a shuffle without data) */
 static inline void __syncwarp(unsigned mask = 0xffffffffu) {

@@ -3,7 +3,9 @@
  * context sizes, stepped together for several tokens, against twin sessions
  * stepped one by one with glm53_forward:
  *  - n < gk_gemm_min() (every product on the GEMV): bitwise equal, every
- *    step (kernels compute a token the same way whatever shares the launch);
+ *    step (kernels compute a token the same way whatever shares the launch),
+ *    also with the opt-in launch fusions on (route, mHC pre, MLA stores,
+ *    KDA gated norm);
  *    rows are fed in a different order every other step (the batch graph of
  *    n tokens replays for any set and order of sessions);
  *  - n >= gk_gemm_min() (cuBLAS; SGEMM for the fp32 fixture, bf16 GemmEx for
@@ -97,6 +99,14 @@ static void run_sizes(const char *what, glm53_model *m, int maxlen, uint64_t see
     if (n < gk_gemm_min()) {
       snprintf(buf, sizeof buf, "%s", what);
       batch_vs_single(buf, m, n, lens, extra, 4, seed + k, -1);
+      /* the opt-in launch fusions (route in the router's launch, the mHC
+       * pre in its projection's for one token, the MLA state stores, the
+       * KDA gated norm in the recurrence's): the batch's n-token launches
+       * against the twins' one-token ones */
+      gk_set_decode_fusions(1);
+      snprintf(buf, sizeof buf, "%s fused launches", what);
+      batch_vs_single(buf, m, n, lens, extra, 4, seed + k, -1);
+      gk_set_decode_fusions(-1);
     } else {
       snprintf(buf, sizeof buf, "%s cublas", what);
       batch_vs_single(buf, m, n, lens, extra, 3, seed + k, tol);

@@ -10,6 +10,8 @@
  *    dependent launch off, and with its early trigger order and the L2
  *    prefetches (one prefill; every token a decode step);
  *  - the latent / indexer caches in 8-token pages (all but the first model);
+ *  - the comb branch, the grouping route and the opt-in launch fusions
+ *    (route, mHC pre, MLA state stores, KDA gated norm) on and off bitwise;
  *  - the side stream on and off bitwise (bf16 experts: the MoE GEMM path);
  *  - a GPU fault (GLM53_FAULT) mid-decode, glm53_session_fallback_cpu, and
  *    the session continues on the CPU with logits identical to a pure CPU run.
@@ -96,6 +98,22 @@ static void check_model(int topk, int kpool, int shared, uint64_t seed) {
           mode);
     printf("topk=%d kpool=%d %s: decode without / with the comb branch and the grouping route bitwise identical\n", topk,
            kpool, mode ? "gemv" : "cublas");
+    /* the opt-in launch fusions (the routing inside the router's launch,
+     * the mHC pre inside its projection's, the MLA's state stores inside
+     * the norms' and one indexer launch, the KDA gated norm inside the
+     * recurrence's) likewise: every token a decode step, and chunks of 3,
+     * 7 and 2 first */
+    for (int q = 0; q < 2; q++) {
+      const int *pat = q ? patterns[2] : patterns[0];
+      fx_run_chunks(m, tok, n, pat, alt);
+      gk_set_decode_fusions(1);
+      fx_run_chunks(m, tok, n, pat, other);
+      gk_set_decode_fusions(-1);
+      CHECK(memcmp(alt, other, (size_t)n * V * 4) == 0, "mode %d %s: the launch fusions change the logits", mode,
+            q ? "chunks" : "decode");
+    }
+    printf("topk=%d kpool=%d %s: decode and chunks without / with the route, mHC pre, MLA store and KDA norm fusions "
+           "bitwise identical\n", topk, kpool, mode ? "gemv" : "cublas");
   }
   gk_set_gemm_min(0);
   free(tok); free(cpu); free(full); free(other); free(alt);

@@ -552,6 +552,149 @@ static void route_group_case(int E, int k, int G, int topk_group) {
   gk_free(lg); gk_free(bias); gk_free(i1); gk_free(i2); gk_free(g1); gk_free(g2); gk_free(w1); gk_free(w2);
 }
 
+/* gk_matmul_route (the router launch's last block routes) against the
+ * router product then the route launch (T = 1: with the grouping; else
+ * gk_moe_route_pf + gk_expert_group): the same logits, ids, weights and
+ * grouping ints, and the shared gate+up product of the same launch the
+ * same; two rounds with fresh x (the done counter resets itself) */
+static void route_fuse_case(int fmt, int E, int k, int G, int topk_group, int T, int shared) {
+  enum { D = 1024, I = 96 };
+  tmat rt, sg, su;
+  tmat_new(&rt, fmt, E, D, 32, 0, 0);
+  tmat_new(&sg, WMAT_BF16, I, D, 0, 0, 0);
+  tmat_new(&su, WMAT_BF16, I, D, 0, 0, 0);
+  float *bias = dvec((size_t)E, -0.5f, 0.5f, NULL), *x = gk_malloc((size_t)T * D * 4);
+  const size_t ng = gk_expert_group_ints(T * k, E);
+  float *l1 = gk_malloc((size_t)T * E * 4), *l2 = gk_malloc((size_t)T * E * 4), *w1 = gk_malloc((size_t)T * k * 4);
+  float *w2 = gk_malloc((size_t)T * k * 4), *y1 = gk_malloc((size_t)T * I * 4), *y2 = gk_malloc((size_t)T * I * 4);
+  float *u = gk_malloc((size_t)T * I * 4);
+  int *i1 = gk_malloc((size_t)T * k * 4), *i2 = gk_malloc((size_t)T * k * 4), *g1 = gk_malloc(ng * 4), *g2 = gk_malloc(ng * 4);
+  int *h1 = xmalloc(ng * 4), *h2 = xmalloc(ng * 4);
+  int rc = 0, same = 1, fused = 1;
+  gk_set_route_fuse(1); /* (opt-in) */
+  for (int round = 0; round < 2; round++) {
+    float *hx = xmalloc((size_t)T * D * 4);
+    for (size_t i = 0; i < (size_t)T * D; i++) hx[i] = rf();
+    rc |= gk_h2d(x, hx, (size_t)T * D * 4) || gk_memset(g1, 0x5a, ng * 4) || gk_memset(g2, 0x5a, ng * 4);
+    free(hx);
+    const int np = shared ? 2 : 1;
+    gk_prod p1[2] = {{.W = &rt.g, .y = l1, .ldy = E}, {.W = &sg.g, .y = y1, .ldy = I, .W2 = &su.g, .u = u, .limit = 7.f}};
+    gk_prod p2[2] = {{.W = &rt.g, .y = l2, .ldy = E}, {.W = &sg.g, .y = y2, .ldy = I, .W2 = &su.g, .u = u, .limit = 7.f}};
+    rc |= gk_matmul_multi(p1, np, x, T, D);
+    if (T == 1) rc |= gk_moe_route_group(l1, bias, 1, E, k, G, topk_group, 1, 2.5f, i1, w1, NULL, g1) != 0;
+    else rc |= gk_moe_route_pf(l1, bias, T, E, k, G, topk_group, 1, 2.5f, i1, w1, NULL) || gk_expert_group(i1, T * k, E, g1);
+    const gk_route_req q = {.bias = bias, .E = E, .k = k, .G = G, .topk_group = topk_group, .norm = 1, .scaling = 2.5f,
+                            .idx = i2, .grp = T == 1 ? g2 : NULL, .wt = w2};
+    const int r2 = gk_matmul_route(p2, np, x, T, D, 0, &q);
+    fused &= r2 == 0;
+    if (T > 1) rc |= gk_expert_group(i2, T * k, E, g2);
+    same &= !rc && r2 == 0 && dsame(l1, l2, (size_t)T * E) && dsame((const float *)i1, (const float *)i2, (size_t)T * k) &&
+            dsame(w1, w2, (size_t)T * k) && (!shared || dsame(y1, y2, (size_t)T * I)) && !gk_d2h(h1, g1, ng * 4) &&
+            !gk_d2h(h2, g2, ng * 4) && !memcmp(h1, h2, ng * 4);
+  }
+  gk_set_route_fuse(0);
+  const gk_route_req q = {.bias = bias, .E = E, .k = k, .G = G, .topk_group = topk_group, .norm = 1, .scaling = 2.5f,
+                          .idx = i2, .grp = NULL, .wt = w2};
+  const gk_prod p = {.W = &rt.g, .y = l2, .ldy = E};
+  const int off = gk_matmul_route(&p, 1, x, T, D, 0, &q);
+  gk_set_route_fuse(-1);
+  CHECK(same && fused, "router + route in one launch (%s, E %d, top-%d, groups %d/%d, %d tokens%s): differs from the router "
+        "then the route launch (rc %d: %s)", fname(fmt), E, k, topk_group, G, T, shared ? ", shared gate+up" : "", rc, gk_error());
+  CHECK(off == 1, "router + route: not declined when off (%d)", off);
+  printf("router + route in one launch %-4s E %3d top-%d groups %d/%d, %d token(s)%s: logits, ids, weights, grouping "
+         "bitwise %s\n", fname(fmt), E, k, topk_group, G, T, shared ? " + shared gate+up" : "", same ? "yes" : "NO");
+  free(h1); free(h2);
+  tmat_free(&rt); tmat_free(&sg); tmat_free(&su);
+  gk_free(bias); gk_free(x); gk_free(l1); gk_free(l2); gk_free(w1); gk_free(w2); gk_free(y1); gk_free(y2); gk_free(u);
+  gk_free(i1); gk_free(i2); gk_free(g1); gk_free(g2);
+}
+
+/* The decode launches of the MLA's state stores: gk_idx_keys (the key
+ * norm, both indexer stores and the pooling) and gk_rmsnorm2_at (the norms
+ * and the latent store) against the separate kernels, on three one-token
+ * segments (positions 11 and 15 complete a pool, 5 does not), each with
+ * its own 4-row pages: every page and output bitwise equal */
+static void idx_fuse_case(void) {
+  enum { NS = 3, HD = 128, P = 4, KL = 512, QL = 64, ROWS = 16 };
+  static const int pos[NS] = {11, 5, 15};
+  const int whs[4] = {GK_ST_IK, GK_ST_IS, GK_ST_POOL, GK_ST_LATENT}, str[4] = {HD, HD, HD, KL},
+            nrow[4] = {ROWS, ROWS, ROWS / P, ROWS};
+  float *hst[NS][4], *buf[2][NS][4];
+  for (int q = 0; q < NS; q++)
+    for (int j = 0; j < 4; j++) {
+      hst[q][j] = xcalloc((size_t)nrow[j] * str[j], 4);
+      if (j < 2)
+        for (int r = 0; r < pos[q]; r++)
+          for (int c = 0; c < HD; c++) hst[q][j][(size_t)r * HD + c] = j ? 2 * rf() : rf();
+    }
+  float *hkk = NULL, *hr = NULL, *hc = NULL;
+  float *kk0 = dvec((size_t)NS * HD, -2.5f, 3.5f, &hkk), *kg = dvec((size_t)NS * HD, -2, 2, NULL);
+  float *r0 = dvec((size_t)NS * QL, -2, 2, &hr), *c0 = dvec((size_t)NS * KL, -2, 2, &hc);
+  float *knw = dvec(HD, 0.5f, 1.5f, NULL), *knb = dvec(HD, -0.2f, 0.2f, NULL), *ape = dvec((size_t)P * HD, -1, 1, NULL);
+  float *qw = dvec(QL, 0.5f, 1.5f, NULL), *kw = dvec(KL, 0.5f, 1.5f, NULL);
+  float *kk[2], *rr[2], *cc[2];
+  int rc = 0, krc[2] = {0, 0};
+  gk_lstate ls[2][NS];
+  void *tabs[2][NS][4];
+  for (int v = 0; v < 2; v++) {
+    kk[v] = dcopy(hkk, (size_t)NS * HD * 4), rr[v] = dcopy(hr, (size_t)NS * QL * 4), cc[v] = dcopy(hc, (size_t)NS * KL * 4);
+    for (int q = 0; q < NS; q++) {
+      memset(&ls[v][q], 0, sizeof ls[v][q]);
+      ls[v][q].pshift = 2;
+      for (int j = 0; j < 4; j++) {
+        tabs[v][q][j] = gpu_pages_make(hst[q][j], nrow[j], str[j], 2, talloc, NULL, &buf[v][q][j]);
+        rc |= !tabs[v][q][j];
+        ls[v][q].pg[whs[j]] = tabs[v][q][j];
+      }
+    }
+  }
+  for (int v = 0; v < 2 && !rc; v++) {
+    gk_lstate *dls = dcopy(ls[v], sizeof ls[v]);
+    gk_seg seg[NS];
+    int ts[NS];
+    for (int q = 0; q < NS; q++) seg[q] = (gk_seg){.ls = dls + q, .t0 = q, .len = 1, .pos0 = pos[q]}, ts[q] = q;
+    gk_seg *dseg = dcopy(seg, sizeof seg);
+    int *tseg = dcopy(ts, sizeof ts);
+    const gk_batch b = {.seg = dseg, .tseg = tseg, .nseg = NS, .maxlen = 1};
+    const gk_norm_rows na = {rr[v], QL, rr[v], QL, qw, QL}, nb = {cc[v], KL, cc[v], KL, kw, KL};
+    gk_set_idx_fuse(v);
+    krc[v] = gk_idx_keys(&b, kk[v], kg, knw, knb, ape, NS, P, HD, 1e-6f);
+    if (v == 0)
+      rc |= gk_layernorm(kk[0], HD, kk[0], HD, knw, knb, NS, HD, 1e-6f) || gk_store_at(&b, GK_ST_IK, HD, kk[0], NS, HD) ||
+            gk_store_at(&b, GK_ST_IS, HD, kg, NS, HD) || gk_pool_keys(&b, ape, P, HD) ||
+            gk_rmsnorm2(na, nb, NS, 1e-5f) || gk_store_at(&b, GK_ST_LATENT, KL, cc[0], NS, KL);
+    else rc |= gk_rmsnorm2_at(na, nb, NS, 1e-5f, &b, GK_ST_LATENT, KL);
+    rc |= gk_sync();
+    gk_free(dls); gk_free(dseg); gk_free(tseg);
+  }
+  gk_set_idx_fuse(-1);
+  int same = !rc && krc[0] == 1 && krc[1] == 0 && dsame(kk[0], kk[1], (size_t)NS * HD) && dsame(rr[0], rr[1], (size_t)NS * QL) &&
+             dsame(cc[0], cc[1], (size_t)NS * KL);
+  int pools = 0;
+  for (int q = 0; q < NS; q++)
+    for (int j = 0; j < 4; j++) {
+      const size_t n = (size_t)nrow[j] * str[j];
+      float *a = xmalloc(n * 4), *bb = xmalloc(n * 4);
+      same &= !gpu_pages_read(a, buf[0][q][j], nrow[j], str[j], 2) && !gpu_pages_read(bb, buf[1][q][j], nrow[j], str[j], 2) &&
+              !memcmp(a, bb, n * 4);
+      if (whs[j] == GK_ST_POOL && (pos[q] + 1) % P == 0) pools += bb[(size_t)(pos[q] / P) * HD] != 0.f;
+      free(a); free(bb);
+    }
+  CHECK(same && pools == 2, "indexer keys / latent store launches (decode) differ from the separate kernels (rc %d, %d/%d; "
+        "pools %d of 2: %s)", rc, krc[0], krc[1], pools, gk_error());
+  printf("indexer keys + stores + pooling, norms + latent store, 3 one-token segments: pages bitwise as the separate "
+         "kernels %s\n", same ? "yes" : "NO");
+  for (int v = 0; v < 2; v++) {
+    gk_free(kk[v]); gk_free(rr[v]); gk_free(cc[v]);
+    for (int q = 0; q < NS; q++)
+      for (int j = 0; j < 4; j++) { gk_free(buf[v][q][j]); gk_free(tabs[v][q][j]); }
+  }
+  for (int q = 0; q < NS; q++)
+    for (int j = 0; j < 4; j++) free(hst[q][j]);
+  free(hkk); free(hr); free(hc);
+  gk_free(kk0); gk_free(kg); gk_free(r0); gk_free(c0); gk_free(knw); gk_free(knb); gk_free(ape); gk_free(qw); gk_free(kw);
+}
+
 /* gk_kda_recur_gated against gk_kda_gate + gk_kda_recur (output and state) */
 static void kda_gated_case(float lb, int T) {
   const int H = 3, hd = 64, inner = H * hd, ch = 3 * inner;
@@ -582,6 +725,59 @@ static void kda_gated_case(float lb, int T) {
   free(hs);
   gk_free(qkv); gk_free(graw); gk_free(dtb); gk_free(Al); gk_free(bl); gk_free(S1); gk_free(S2); gk_free(g);
   gk_free(o1); gk_free(o2); gk_free(dls); gk_free(dseg); gk_free(tseg);
+}
+
+/* gk_kda_recur_out (decode: the gated norm done by the recurrence's last
+ * block per head) against gk_kda_recur_gated + gk_kda_out: outputs (in
+ * place, and bf16 rows) and states bitwise, two segments of 1 and 3
+ * tokens; twice (the counters reset themselves); declined when off */
+static void kda_out_fuse_case(int hd, int b16) {
+  const int H = 3, inner = H * hd, ch = 3 * inner, T = 4;
+  float *hs = NULL;
+  float *qkv = dvec((size_t)T * ch, -0.3f, 0.3f, NULL), *graw = dvec((size_t)T * inner, -3, 3, NULL);
+  float *dtb = dvec(inner, -0.5f, 0.5f, NULL), *Al = dvec(H, -0.5f, 0.5f, NULL), *bl = dvec((size_t)T * H, -2, 2, NULL);
+  float *z = dvec((size_t)T * inner, -2, 2, NULL), *nw = dvec(hd, 0.7f, 1.3f, NULL);
+  const size_t ns = (size_t)2 * H * hd * hd;
+  float *S1 = dvec(ns, -0.2f, 0.2f, &hs), *S2 = dcopy(hs, ns * 4);
+  float *o1 = gk_malloc((size_t)T * inner * 4), *o2 = gk_malloc((size_t)T * inner * 4);
+  uint16_t *b1 = gk_malloc((size_t)T * inner * 2), *b2 = gk_malloc((size_t)T * inner * 2);
+  gk_lstate ls[4];
+  memset(ls, 0, sizeof ls);
+  for (int q = 0; q < 2; q++) {
+    ls[q].p[GK_ST_S] = S1 + (size_t)q * H * hd * hd;
+    ls[2 + q].p[GK_ST_S] = S2 + (size_t)q * H * hd * hd;
+  }
+  gk_lstate *dls = dcopy(ls, sizeof ls);
+  gk_seg seg[4] = {{.ls = dls, .t0 = 0, .len = 1, .pos0 = 5}, {.ls = dls + 1, .t0 = 1, .len = 3, .pos0 = 9},
+                   {.ls = dls + 2, .t0 = 0, .len = 1, .pos0 = 5}, {.ls = dls + 3, .t0 = 1, .len = 3, .pos0 = 9}};
+  gk_seg *dseg = dcopy(seg, sizeof seg);
+  const int ts[4] = {0, 1, 1, 1};
+  int *tseg = dcopy(ts, sizeof ts);
+  gk_batch ba = {.seg = dseg, .tseg = tseg, .nseg = 2, .maxlen = 3}, bb = ba;
+  bb.seg = dseg + 2;
+  int rc = gk_memset(b1, 0, (size_t)T * inner * 2) || gk_memset(b2, 0, (size_t)T * inner * 2), fused = 1;
+  gk_set_kda_out_fuse(1);
+  gk_set_kda_layout(GK_KR_G4); /* (the fused form's layout, whatever GLM53_GPU_KDA_LAYOUT says) */
+  for (int r = 0; r < 2 && !rc; r++) {
+    rc |= gk_kda_recur_gated(&ba, qkv, graw, dtb, Al, -5.0f, bl, T, H, hd, o1) ||
+          gk_kda_out(o1, z, nw, T, H, hd, 1e-5f, b16 ? b1 : NULL);
+    const int f = gk_kda_recur_out(&bb, qkv, graw, dtb, Al, -5.0f, bl, T, H, hd, o2, z, nw, 1e-5f, b16 ? b2 : NULL);
+    fused &= f == 0;
+    rc |= f < 0;
+  }
+  gk_set_kda_layout(0);
+  gk_set_kda_out_fuse(0);
+  const int off = gk_kda_recur_out(&bb, qkv, graw, dtb, Al, -5.0f, bl, T, H, hd, o2, z, nw, 1e-5f, NULL);
+  gk_set_kda_out_fuse(-1);
+  const int bits = !rc && fused && dsame(o1, o2, (size_t)T * inner) && dsame(S1, S2, ns) &&
+                   dsame((const float *)b1, (const float *)b2, (size_t)T * inner / 2);
+  CHECK(bits && off == 1, "kda recurrence + gated norm in one launch (hd %d%s) differs from the two launches (rc %d, fused "
+        "%d, declined when off %d: %s)", hd, b16 ? ", bf16 rows" : "", rc, fused, off == 1, gk_error());
+  printf("kda recurrence + gated norm in one launch, hd %d, segments of 1 and 3 tokens%s: outputs and states bitwise %s\n",
+         hd, b16 ? ", bf16 rows" : "", bits ? "yes" : "NO");
+  free(hs);
+  gk_free(qkv); gk_free(graw); gk_free(dtb); gk_free(Al); gk_free(bl); gk_free(z); gk_free(nw); gk_free(S1); gk_free(S2);
+  gk_free(o1); gk_free(o2); gk_free(b1); gk_free(b2); gk_free(dls); gk_free(dseg); gk_free(tseg);
 }
 
 /* gk_kda_chunked (the chunked prefill form) against the token recurrence
@@ -743,6 +939,31 @@ static void mhc_pre_case(int T, int D) {
   }
   gk_free(dy16);
   free(hy16);
+  if (T == 1) { /* one token: the projection's launch runs the pre in its last block (gk_mhc_proj_pre): the same bits
+                 * for mixraw, post, comb, y and its bf16 copy, twice (the launch's counter resets itself) */
+    float *m2 = gk_malloc((size_t)mix * 4), *p2 = gk_malloc((size_t)hc * 4), *c2 = gk_malloc((size_t)hc * hc * 4);
+    float *y2 = gk_malloc((size_t)D * 4);
+    uint16_t *a16 = gk_malloc((size_t)D * 2), *b16 = gk_malloc((size_t)D * 2);
+    int same = !gk_mhc_pre(dX, dmix, NULL, dbase, dsc, dnw, 1, hc, D, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, dpost,
+                           dcomb, dy, a16),
+        fused = 1;
+    gk_set_mhc_pre_fuse(1); /* (opt-in) */
+    for (int r = 0; r < 2; r++) {
+      const int f = gk_mhc_proj_pre(&g, dX, 1, hc, D, m2, dbase, dsc, dnw, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, p2,
+                                    c2, y2, b16);
+      fused &= f == 0;
+      same &= f == 0 && dsame(m2, dmix, (size_t)mix) && dsame(p2, dpost, (size_t)hc) && dsame(c2, dcomb, (size_t)hc * hc) &&
+              dsame(y2, dy, (size_t)D) && dsame((const float *)b16, (const float *)a16, (size_t)D / 2);
+    }
+    gk_set_mhc_pre_fuse(0);
+    const int off = gk_mhc_proj_pre(&g, dX, 1, hc, D, m2, dbase, dsc, dnw, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, p2,
+                                    c2, y2, b16);
+    gk_set_mhc_pre_fuse(-1);
+    CHECK(same && fused && off == 1, "mhc projection + pre in one launch (D %d) differs from the two launches (fused %d, "
+          "declined when off %d: %s)", D, fused, off == 1, gk_error());
+    printf("mhc projection + pre in one launch, 1 token, D %d: bitwise as the two launches %s\n", D, same ? "yes" : "NO");
+    gk_free(m2); gk_free(p2); gk_free(c2); gk_free(y2); gk_free(a16); gk_free(b16);
+  }
   { /* comb on its own (gk_mhc_comb, a decode graph's branch) and the pre
      * without it: the same bits as the pre that does both */
     float *dy2 = gk_malloc((size_t)T * D * 4), *dp2 = gk_malloc((size_t)T * hc * 4), *dc2 = gk_malloc((size_t)T * hc * hc * 4);
@@ -1635,11 +1856,21 @@ int main(void) {
     route_group_case(16, 8, 1, 1);
     route_group_case(288, 8, 8, 4);
     route_group_case(5, 8, 1, 1); /* top-k above the expert count: pairs routed to -1 */
+    route_fuse_case(WMAT_F32, 16, 8, 1, 1, 1, 0);
+    route_fuse_case(WMAT_F32, 288, 8, 1, 1, 1, 0);
+    route_fuse_case(WMAT_BF16, 288, 8, 1, 1, 1, 1);
+    route_fuse_case(WMAT_BF16, 16, 8, 1, 1, 3, 1);
+    route_fuse_case(WMAT_F32, 288, 8, 8, 4, 9, 0); /* groups; more tokens than the route's warps */
+    route_fuse_case(WMAT_Q8, 5, 8, 1, 1, 2, 0);    /* top-k above the expert count */
+    idx_fuse_case();
     gk_set_gemm_min(0);
     kda_gated_case(-5.0f, 6);  /* the gate computed as tiles are read */
     kda_gated_case(NAN, 6);
     kda_gated_case(-5.0f, 70); /* the decay computed first, tiles copied asynchronously */
     kda_gated_case(NAN, 70);
+    kda_out_fuse_case(128, 0);
+    kda_out_fuse_case(128, 1);
+    kda_out_fuse_case(64, 0);
     mhc_post_moe_case(300);
     mhc_post_moe_case(512);
     mhc_post_moe_case(302);
@@ -1717,6 +1948,7 @@ int main(void) {
   mhc_pre_case(3, 8196);
   mhc_pre_case(2, 302);
   mhc_pre_case(2, 4096);
+  mhc_pre_case(1, 4096); /* also the projection's launch running the pre */
   mhc_pre_case(1030, 4096); /* 64 KB of streams per token: cached in shared memory */
   mhc_pre_case(64, 8196);   /* 128 KB: not cached */
   select_case(1000, 512); /* shared-memory sort, 1024 slots */

@@ -53,7 +53,7 @@ static bool launch(const std::vector<int> &t0s, const std::vector<int> &lens, st
   const size_t need = (ASYNC ? 2 : 1) * kr_tile_floats(8 * MM, TT, KR8_COLS);
   CHECK(need <= sizeof emu_smem_buf / sizeof *emu_smem_buf, "shared memory of the emulation too small");
   return emu_launch(dim3(H, (8 * MM + KR8_COLS - 1) / KR8_COLS, nseg), dim3(kr8_threads<C, LP>()), [&] {
-    kda_recur8_k<MODE, MM, ASYNC, C, LP>(b, qkv, g, dtb, Al, lb, bl, H, TT, o);
+    kda_recur8_k<MODE, MM, ASYNC, C, LP>(b, qkv, g, dtb, Al, lb, bl, H, TT, o, kr_out{});
   });
 }
 
@@ -135,6 +135,69 @@ template <int MM, int C, int LP = 8> static std::vector<float> recur_case(const 
   return o;
 }
 
+/* the gated norm after the recurrence, kda_out_k's warp per (token, head) */
+static void out_rows(float *o, const float *z, const float *w, int T, int H, int hd, float eps, uint16_t *ob) {
+  const int wid = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+  if (wid < T * H) kda_out_row(o, z, w, (size_t)wid * hd, hd, eps, ob, (int)(threadIdx.x & 31));
+}
+/* Decode with the gated norm in the recurrence's launch (OUT: the head's
+ * last block normalises; layout g4) against the recurrence then the norm:
+ * the outputs (in place, and bf16 rows) and the states bitwise, the
+ * counters back to zero; segments of 1, 3 and 1 tokens */
+template <int MM> static void out_case(bool b16) {
+  enum { HD = 8 * MM };
+  const int H = 3, inner = H * HD;
+  const std::vector<int> lens = {1, 3, 1}, t0s = {0, 1, 4};
+  const int nseg = 3, T = 5;
+  std::vector<float> qkv, graw, blg, dtb, Al, z((size_t)T * inner), nw(HD);
+  kda_random_inputs(rf, T, H, HD, 0.f, qkv, graw, blg, dtb, Al);
+  for (auto &x : z) x = 2 * rf();
+  for (auto &x : nw) x = 1 + 0.3f * rf();
+  const size_t ns = (size_t)H * HD * HD;
+  std::vector<float> S0((size_t)nseg * ns);
+  for (auto &x : S0) x = 0.2f * rf();
+  std::vector<float> S[2] = {S0, S0}, o[2] = {std::vector<float>((size_t)T * inner, NAN), std::vector<float>((size_t)T * inner, NAN)};
+  std::vector<uint16_t> ob[2] = {std::vector<uint16_t>((size_t)T * inner, 0), std::vector<uint16_t>((size_t)T * inner, 0)};
+  std::vector<unsigned> cnt((size_t)nseg * H, 0);
+  bool ok = true;
+  for (int v = 0; v < 2; v++) {
+    std::vector<gk_lstate> ls(nseg);
+    std::vector<gk_seg> seg(nseg);
+    std::vector<int> tseg(T);
+    for (int q = 0; q < nseg; q++) {
+      memset(&ls[q], 0, sizeof ls[q]);
+      ls[q].p[GK_ST_S] = &S[v][q * ns];
+      seg[q] = gk_seg{&ls[q], t0s[q], lens[q], 0, 0};
+      for (int u = 0; u < lens[q]; u++) tseg[t0s[q] + u] = q;
+    }
+    gk_batch b{};
+    b.seg = seg.data(), b.tseg = tseg.data(), b.nseg = nseg, b.maxlen = 3, b.layer = 0;
+    uint16_t *obp = b16 ? ob[v].data() : nullptr;
+    const dim3 grid(H, (HD + KR8_COLS - 1) / KR8_COLS, nseg);
+    if (v == 0) {
+      ok = ok && emu_launch(grid, dim3(kr8_threads<4, 8>()), [&] {
+             kda_recur8_k<KR_RAW, MM, false, 4, 8>(b, qkv.data(), graw.data(), dtb.data(), Al.data(), -5.0f, blg.data(), H, 3,
+                                                  o[0].data(), kr_out{});
+           });
+      ok = ok && emu_launch(dim3((T * H * 32 + 255) / 256), dim3(256),
+                            [&] { out_rows(o[0].data(), z.data(), nw.data(), T, H, HD, 1e-5f, obp); });
+    } else {
+      const kr_out ko = {z.data(), nw.data(), obp, cnt.data(), 1e-5f};
+      ok = ok && emu_launch(grid, dim3(kr8_threads<4, 8>()), [&] {
+             kda_recur8_k<KR_RAW, MM, false, 4, 8, true>(b, qkv.data(), graw.data(), dtb.data(), Al.data(), -5.0f, blg.data(),
+                                                        H, 3, o[1].data(), ko);
+           });
+    }
+  }
+  bool zero = true;
+  for (unsigned c : cnt) zero = zero && c == 0;
+  const bool bits = ok && !memcmp(o[0].data(), o[1].data(), o[0].size() * 4) && S[0] == S[1] && ob[0] == ob[1] && zero;
+  CHECK(bits, "hd %d%s: the recurrence with the gated norm differs from the two launches (counters reset %d)", HD,
+        b16 ? ", bf16 rows" : "", zero);
+  printf("kda recurrence + gated norm in one launch (emulated), hd %d, segments 1 3 1%s: outputs and states bitwise as "
+         "the two launches %s\n", HD, b16 ? ", bf16 rows" : "", bits ? "yes" : "NO");
+}
+
 int main() {
   const std::vector<int> l1 = {45, 1, 20}, l2 = {30}, l3 = {9, 16};
   /* the model's hd 128 with 4 (the default), 2 and 1 columns per group on
@@ -170,5 +233,9 @@ int main() {
   recur_case<4, 1>(l3, -5.0f); /* hd 32 */
   recur_case<4, 2>(l2, NAN);
   recur_case<4, 4>(l1, -5.0f);
+  out_case<16>(false);
+  out_case<16>(true);
+  out_case<8>(false);
+  out_case<4>(true);
   TEST_DONE();
 }

@@ -254,6 +254,18 @@ int gk_swiglu_only(float *g, const float *u, const int *idx, int npairs, int n, 
 int gk_mhc_pre(const float *X, const float *mixraw, const float *ssq, const float *base, const float *scale,
                const float *norm_w, int T, int hc, int D, int iters, float hc_eps, float rms_eps, float *post, float *comb,
                float *y, void *y16);
+/* gk_matmul of the projection fn (mixraw = X fn^T) and gk_mhc_pre for one
+ * token in one launch: the projection's last block runs the pre (the same
+ * code and inputs: the same bits; comb computed there too). 1 (nothing
+ * launched) where it does not apply: T != 1, hc != 4, fn not fp32, the
+ * vector rows' alignment, the cuBLAS or another GEMV path, the comb
+ * wanted on a graph branch (gk_set_branch), or off
+ * (opt-in until measured on a device: GLM53_GPU_MHC_PRE_FUSE=1 /
+ * gk_set_mhc_pre_fuse(1); -1 the environment) */
+int gk_mhc_proj_pre(const gpu_mat *fn, const float *X, int T, int hc, int D, float *mixraw, const float *base,
+                    const float *scale, const float *norm_w, int iters, float hc_eps, float rms_eps, float *post, float *comb,
+                    float *y, void *y16);
+void gk_set_mhc_pre_fuse(int on);
 /* y16 (8-byte aligned, or NULL): y's rows also in bf16 (the rounding
  * gk_matmul's cuBLAS path gives its x), for gk_xb_alias; comb NULL: the
  * pre leaves comb to gk_mhc_comb */
@@ -396,6 +408,20 @@ int gk_kda_chunked(const gk_batch *b, float *qkv, float *graw, const float *dt_b
  * (raw bits, the rounding the output projection's cuBLAS path gives its x:
  * gk_matmul_xb16 then gives gk_matmul's bits) */
 int gk_kda_out(float *o, const float *z, const float *w, int T, int H, int hd, float eps, void *ob);
+/* decode (T < 32, the g4 layout, head dims 32 / 64 / 128):
+ * gk_kda_recur_gated and then gk_kda_out in one launch, the head's last
+ * block applying the norm (the same bits); 1 (nothing launched) where it
+ * does not apply or when off (opt-in until measured on a device:
+ * GLM53_GPU_KDA_OUT_FUSE=1 / gk_set_kda_out_fuse(1); -1 the environment).
+ * z must be complete when it starts. */
+int gk_kda_recur_out(const gk_batch *b, const float *qkv, float *graw, const float *dt_bias, const float *A_log,
+                     float lower_bound, float *beta_logit, int T, int H, int hd, float *o, const float *z, const float *w,
+                     float eps, void *ob);
+void gk_set_kda_out_fuse(int on);
+/* the twenty-second session's four opt-in decode launch fusions at once
+ * (gk_set_route_fuse, gk_set_mhc_pre_fuse, gk_set_idx_fuse,
+ * gk_set_kda_out_fuse): 1 on, 0 off, -1 each from its environment */
+void gk_set_decode_fusions(int on);
 /* the recurrence's layout, bench A/B (gk_layers.cu kr_layout; 0:
  * GLM53_GPU_KDA_LAYOUT, default g4): 32 lanes per column with 4 or 8
  * columns per warp (w4, w8), 8 lanes per column with 1, 2 or 4 columns
@@ -408,8 +434,21 @@ void gk_set_kda_layout(int layout);
 /* ---- MLA + DSA indexer ---- */
 /* state `which` of the token's sequence, row (position) * stride + i = src[t * n + i] */
 int gk_store_at(const gk_batch *b, int which, int stride, const float *src, int T, int n);
+/* gk_rmsnorm2, b's output rows also stored to state `which` (row stride
+ * `stride`) at the tokens' positions (gk_store_at's copy, same launch;
+ * with the fusions below off, the two launches) */
+int gk_rmsnorm2_at(gk_norm_rows a, gk_norm_rows b, int T, float eps, const gk_batch *bt, int which, int stride);
 /* pooled keys (GK_ST_POOL) of the pools each segment completes, from GK_ST_IK / GK_ST_IS */
 int gk_pool_keys(const gk_batch *b, const float *ape, int P, int hd);
+/* decode (every segment one token): gk_layernorm of the indexer keys kk
+ * (T rows of hd, in place), gk_store_at of kk to GK_ST_IK and of the gate
+ * logits kg to GK_ST_IS, then gk_pool_keys, in one launch with the same
+ * bits; 1 (nothing done) for longer segments or when off (opt-in until
+ * measured on a device: GLM53_GPU_IDX_FUSE=1 or gk_set_idx_fuse(1), which
+ * also makes gk_rmsnorm2_at one launch; -1 the environment) */
+int gk_idx_keys(const gk_batch *b, float *kk, const float *kg, const float *knw, const float *knb, const float *ape, int T,
+                int P, int hd, float eps);
+void gk_set_idx_fuse(int on);
 /* score [T][maxpool]: maxpool bounds every sequence's pool count */
 int gk_indexer_scores(const float *q, const float *w, const gk_batch *b, int T, int P, int nh, int hd, int K, int maxpool,
                       float *score);
@@ -548,6 +587,7 @@ const char *gk_mla_math_name(int mode);
 double gk_mla_math_tol(int mode);
 
 /* ---- MoE ---- */
+#define GK_ROUTE_E_MAX 512 /* routed experts bound of the route (its shared memory) */
 int gk_moe_route(const float *logits, const float *bias, int T, int E, int k, int G, int topk_group, int norm,
                  float scaling, int *idx, float *wt);
 /* the same, and with wset (the layer's device [E][3] expert matrices, all
@@ -561,6 +601,28 @@ int gk_moe_route_pf(const float *logits, const float *bias, int T, int E, int k,
 int gk_moe_route_group(const float *logits, const float *bias, int T, int E, int k, int G, int topk_group, int norm,
                        float scaling, int *idx, float *wt, const gpu_mat *wset, int *grp);
 void gk_set_route_group(int on); /* -1: GLM53_GPU_ROUTE_GROUP (default on) */
+int gk_route_group_on(void);
+/* The routing of a router product done inside its launch (decode): the
+ * router's last block to finish routes the n tokens as gk_moe_route does
+ * (the same code: the same ids and weights) and, for one token with grp
+ * given and the grouping on (gk_route_group_on), writes grp as
+ * gk_moe_route_group does; one launch fewer per MoE layer. */
+typedef struct {
+  const float *bias;
+  int E, k, G, topk_group, norm;
+  float scaling;
+  int *idx, *grp; /* grp: NULL, or the one-token grouping */
+  float *wt;
+} gk_route_req;
+/* gk_matmul_multi of p[0..np) (product rp: the router, logits [n][E] with
+ * ldy E), routed as q says. 0: routed (and grouped, if asked for one
+ * token); 2: routed, grp not written (n != 1 or the grouping off); 1:
+ * nothing launched (the cuBLAS path, the kernel's bounds, the route's L2
+ * prefetch on, x rows not 16-byte aligned, or off: opt-in until measured
+ * on a device, GLM53_GPU_ROUTE_FUSE=1 / gk_set_route_fuse(1));
+ * -1 error */
+int gk_matmul_route(const gk_prod *p, int np, const float *x, int n, int ldx, int rp, const gk_route_req *q);
+void gk_set_route_fuse(int on); /* -1: GLM53_GPU_ROUTE_FUSE (default off) */
 int gk_moe_combine(float *out, const float *eo, const int *idx, const float *wt, int T, int k, int D);
 int gk_gather_rows(float *dst, const float *src, const int *rows, int n, int D);
 int gk_scatter_rows(float *dst, const float *src, const int *rows, int n, int D);

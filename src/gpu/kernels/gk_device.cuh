@@ -52,6 +52,35 @@ __device__ __forceinline__ float block_sum(float v, float *sh) {
   for (int i = 0; i < nw; i++) t += sh[i];
   return t;
 }
+/* the strict total order of scores (larger first, NaN as -inf, then the
+ * lower index): the indexer's pool selection and the MoE router's top-k */
+__device__ __forceinline__ bool pool_before(float a, int ia, float b, int ib) {
+  if (isnan(a)) a = -INFINITY;
+  if (isnan(b)) b = -INFINITY;
+  return a != b ? a > b : ia < ib;
+}
+/* one row's RMSNorm / LayerNorm by the whole block (ops.h rmsnorm /
+ * layernorm): thread i owns elements i, i + blockDim.x, ... in every loop,
+ * so a caller may reread the outputs it owns (the fused stores below); sh:
+ * 32 floats of shared memory. y may be x (in place). */
+__device__ __forceinline__ void rmsnorm_row(float *yr, const float *xr, const float *w, int n, float eps, float *sh) {
+  float ss = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+  ss = block_sum(ss, sh);
+  float r = 1.0f / sqrtf(ss / n + eps);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = (w ? w[i] : 1.0f) * (xr[i] * r);
+}
+__device__ __forceinline__ void layernorm_row(float *yr, const float *xr, const float *w, const float *b, int n, float eps,
+                                              float *sh) {
+  float s = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) s += xr[i];
+  float mu = block_sum(s, sh) / n;
+  float v = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) v += (xr[i] - mu) * (xr[i] - mu);
+  float var = block_sum(v, sh) / n;
+  float r = 1.0f / sqrtf(var + eps);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = ((xr[i] - mu) * r) * w[i] + b[i];
+}
 /* row `row` of the paged state `which` (gk.h gk_lstate) */
 __device__ __forceinline__ float *gk_prow(const gk_lstate &st, int which, int row, int stride) {
   return st.pg[which][row >> st.pshift] + (size_t)(row & ((1 << st.pshift) - 1)) * stride;

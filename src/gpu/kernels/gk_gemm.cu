@@ -257,11 +257,14 @@ extern "C" int gk_side_join(void) { return 0; }
  * slower on an H100 (docs/gpu-measurements.md, eighteenth session). */
 static int g_branch_env = -1;
 extern "C" void gk_set_branch(int on) { g_branch_env = on < 0 ? -1 : !!on; }
+static int branch_wanted(void) {
+  if (g_branch_env < 0) g_branch_env = getenv("GLM53_GPU_BRANCH") && !strcmp(getenv("GLM53_GPU_BRANCH"), "1");
+  return g_branch_env;
+}
 #if !GK_HIP
 static gk_fork g_br;
 extern "C" int gk_branch_fork(void) {
-  if (g_branch_env < 0) g_branch_env = getenv("GLM53_GPU_BRANCH") && !strcmp(getenv("GLM53_GPU_BRANCH"), "1");
-  if (!g_branch_env || g_br.open || on_side() || capture_state() != 1) return 0;
+  if (!branch_wanted() || g_br.open || on_side() || capture_state() != 1) return 0;
   return fork_make(&g_br) || fork_open(&g_br) ? -1 : 1;
 }
 extern "C" int gk_branch_back(void) { return fork_back(&g_br); }
@@ -916,6 +919,53 @@ extern "C" int gk_matmul_multi(const gk_prod *p, int np, const float *x, int n, 
     r[i] = (gv_req){p[i].W, p[i].W2, p[i].x ? p[i].x : x, p[i].x ? p[i].ldx : ldx, p[i].y, p[i].ldy, p[i].limit};
   }
   return gv3_products(r, np, n, gemv_ver() == 4);
+}
+
+static int g_route_fuse = -1;
+extern "C" void gk_set_route_fuse(int on) { g_route_fuse = on < 0 ? -1 : !!on; }
+extern "C" int gk_matmul_route(const gk_prod *p, int np, const float *x, int n, int ldx, int rp, const gk_route_req *q) {
+  /* opt-in until measured on a device (written in the twenty-second session, which had none) */
+  if (g_route_fuse < 0) g_route_fuse = getenv("GLM53_GPU_ROUTE_FUSE") && !strcmp(getenv("GLM53_GPU_ROUTE_FUSE"), "1");
+  if (!g_route_fuse || n <= 0 || np <= 0 || np > 16 || rp < 0 || rp >= np || use_blas(n) || gemv_ver() != 3) return 1;
+  const gk_prod *R = &p[rp];
+  if (R->W2 || R->x || R->ldy != q->E || R->W->rows != q->E || q->E < 1 || q->E > GK_ROUTE_E_MAX || q->k < 1 ||
+      q->k > 64 || q->G > 64 || gk_expert_l2pf() > 0)
+    return 1;
+  for (int i = 0; i < np; i++) { /* (the routed launches: float4 x rows) */
+    const float *xi = p[i].x ? p[i].x : x;
+    const int li = p[i].x ? p[i].ldx : ldx;
+    if (p[i].y16 || (uintptr_t)xi % 16 || li % 4) return 1;
+  }
+  const int grouped = q->grp && n == 1 && gk_route_group_on();
+  const gv_route rt = {.bias = q->bias, .idx = q->idx, .grp = grouped ? q->grp : NULL, .wt = q->wt, .E = q->E, .k = q->k,
+                       .G = q->G, .topk_group = q->topk_group, .norm = q->norm,
+                       .gmax = grouped ? gk_expert_group_max(q->k, q->E) : 0, .scaling = q->scaling};
+  gv_req r[16];
+  for (int i = 0; i < np; i++) {
+    if (p[i].W2 && p[i].ldy != p[i].W->rows) return gk_fail("matmul: fused gate/up output stride %d", p[i].ldy);
+    r[i] = (gv_req){p[i].W, p[i].W2, p[i].x ? p[i].x : x, p[i].x ? p[i].ldx : ldx, p[i].y, p[i].ldy, p[i].limit,
+                    i == rp ? &rt : NULL, NULL};
+  }
+  if (gv3_products(r, np, n, 0)) return -1;
+  return grouped || !q->grp ? 0 : 2;
+}
+
+static int g_pre_fuse = -1;
+extern "C" void gk_set_mhc_pre_fuse(int on) { g_pre_fuse = on < 0 ? -1 : !!on; }
+extern "C" int gk_mhc_proj_pre(const gpu_mat *fn, const float *X, int T, int hc, int D, float *mixraw, const float *base,
+                               const float *scale, const float *norm_w, int iters, float hc_eps, float rms_eps, float *post,
+                               float *comb, float *y, void *y16) {
+  /* opt-in until measured on a device (twenty-second session) */
+  if (g_pre_fuse < 0) g_pre_fuse = getenv("GLM53_GPU_MHC_PRE_FUSE") && !strcmp(getenv("GLM53_GPU_MHC_PRE_FUSE"), "1");
+  const int n = hc * D, mix = (2 + hc) * hc;
+  if (!g_pre_fuse || branch_wanted() || T != 1 || hc != 4 || D % 4 || use_blas(1) || gemv_ver() != 3 ||
+      fn->fmt != GF_F32 || fn->rows != mix || fn->cols != n || !comb || (uintptr_t)X % 16 || (uintptr_t)y % 16 ||
+      (uintptr_t)norm_w % 16 || (uintptr_t)y16 % 8)
+    return 1;
+  const gv_mpre mp = {.X = X, .base = base, .scale = scale, .norm_w = norm_w, .post = post, .comb = comb, .y = y,
+                      .y16 = (uint16_t *)y16, .D = D, .iters = iters, .hc_eps = hc_eps, .rms_eps = rms_eps};
+  const gv_req r = {fn, NULL, X, n, mixraw, mix, 0.f, NULL, &mp};
+  return gv3_products(&r, 1, 1, 0) ? -1 : 0;
 }
 
 extern "C" int gk_gate_up(const gpu_mat *Wg, const gpu_mat *Wu, const float *x, int n, int ldx, float *g, float *u,

@@ -5,6 +5,8 @@
  * Moved out of gk_gemm.cu, which keeps the dispatch, the older GEMV
  * versions and cuBLAS. */
 #include "gk_gemv.cuh"
+#include "gk_route.cuh"   /* route_token: the router launch's last block routes */
+#include "gk_mhc_pre.cuh" /* mhc_pre_tok: the mHC projection's last block runs the pre */
 #include <stdlib.h>
 #include <string.h>
 
@@ -401,13 +403,50 @@ typedef struct {
   int ldx, ldy, wk, sl, ns, nrb, b0, gu;
   float limit;
 } gv_ent;
+enum { GV_EP_NONE, GV_EP_ROUTE, GV_EP_MHC_PRE };
 typedef struct {
   gv_ent e[GV_MAXE];
   int n;
-  int pfb; /* gv_rows' L2 prefetch */
+  int pfb;        /* gv_rows' L2 prefetch */
+  int ep_ent;     /* the entry whose last block runs the epilogue (-1: none) */
+  unsigned *done; /* that entry's finished-tile counter */
+  gv_route rt;    /* GV_EP_ROUTE */
+  gv_mpre mp;     /* GV_EP_MHC_PRE */
 } gv_list;
+/* The epilogue entry's tiles each count themselves done once their outputs
+ * are stored (fence, then the counter); the last one to arrive runs the
+ * epilogue on the outputs (read through L2) and resets the counter. The
+ * route: one warp per token (dynamic shared memory: ROUTE_WARPS
+ * route_smem); the pre: the whole block, one token. */
+template <int EP>
+__device__ __forceinline__ void gv_epilogue(const gv_list &L, const float *y, int ldy, int n, int tiles) {
+  __shared__ int elast;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) elast = atomicAdd(L.done, 1u) == (unsigned)tiles - 1;
+  __syncthreads();
+  if (!elast) return;
+  __threadfence();
+  if constexpr (EP == GV_EP_ROUTE) {
+    const gv_route &R = L.rt;
+    route_smem *S = (route_smem *)gv_xsm;
+    const int w = threadIdx.x >> 5;
+    if (w < ROUTE_WARPS)
+      for (int t = w; t < n; t += ROUTE_WARPS)
+        route_token(y + (size_t)t * ldy, R.bias, R.E, R.k, R.G, R.topk_group, R.norm, R.scaling, R.idx + (size_t)t * R.k,
+                    R.wt + (size_t)t * R.k, (const gpu_mat *)NULL, 0, n == 1 ? R.grp : (int *)NULL, R.gmax, S[w]);
+  } else if constexpr (EP == GV_EP_MHC_PRE) {
+    const gv_mpre &M = L.mp;
+    mhc_pre_tok<true, false, 4>(M.X, y, (const float *)NULL, M.base, M.scale, M.norm_w, 4, M.D, M.iters, M.hc_eps,
+                                M.rms_eps, M.post, M.comb, M.y, M.y16, 0);
+  }
+  if (threadIdx.x == 0) *L.done = 0;
+}
 
-template <int FMT, int NTK, int XM, bool PF>
+/* EP: the launch's epilogue (GV_EP_*; its own instantiations: the
+ * route's and the pre's code take ~80 registers, which the other launches
+ * must not carry) */
+template <int FMT, int NTK, int XM, bool PF, int EP = GV_EP_NONE>
 __global__ void __launch_bounds__(256, FMT <= GF_BF16 && NTK == 1 ? 3 : 2)
     gv_k(const gv_list L, int n, int ntg) {
   constexpr int RW = gv_cfg<FMT, NTK, PF>::RW, E = gv_fmt<FMT>::E;
@@ -432,11 +471,13 @@ __global__ void __launch_bounds__(256, FMT <= GF_BF16 && NTK == 1 ? 3 : 2)
   gv_rows<FMT, NTK, XM, PF, true>(P.W, P.W2, P.gu, row0, xt, nt, cb, ce, kb0, kb1, acc, L.pfb);
   const bool has = gv_block_reduce<RW, NTK>(acc, P.wk, kw, wr, red) && !(threadIdx.x & 31);
   if (P.ns == 1) {
-    if (!has) return;
-    float *yrow[NTK];
+    if (has) {
+      float *yrow[NTK];
 #pragma unroll
-    for (int t = 0; t < NTK; t++) yrow[t] = P.y + (size_t)(t0 + t) * P.ldy;
-    gv_store<RW, NTK>(acc, yrow, row0, vrows, nt, P.gu, P.limit);
+      for (int t = 0; t < NTK; t++) yrow[t] = P.y + (size_t)(t0 + t) * P.ldy;
+      gv_store<RW, NTK>(acc, yrow, row0, vrows, nt, P.gu, P.limit);
+    }
+    if (EP && ei == L.ep_ent) gv_epilogue<EP>(L, P.y, P.ldy, n, per);
     return;
   }
   if (has)
@@ -467,6 +508,7 @@ __global__ void __launch_bounds__(256, FMT <= GF_BF16 && NTK == 1 ? 3 : 2)
     else yo[vr] = s0;
   }
   if (threadIdx.x == 0) P.cnt[tile] = 0;
+  if (EP && ei == L.ep_ent) gv_epilogue<EP>(L, P.y, P.ldy, n, per);
 }
 
 /* ---- routed experts, one (token, expert) pair per block row ----
@@ -645,6 +687,8 @@ static int gv_run(const gv_req *r, int nr, int n) {
     memset(&L, 0, sizeof L);
     L.n = nr - i0 < GV_MAXE ? nr - i0 : GV_MAXE;
     L.pfb = l2pf_param();
+    L.ep_ent = -1;
+    int ep = GV_EP_NONE;
     long blocks = 0;
     size_t pf = 0, pc = 0; /* partial floats, counters */
     for (int j = 0; j < L.n; j++) {
@@ -658,6 +702,12 @@ static int gv_run(const gv_req *r, int nr, int n) {
       e->y = q->y;
       e->ldy = q->ldy;
       e->limit = q->limit;
+      if (q->rt || q->mp) {
+        if (q->rt) L.rt = *q->rt;
+        else L.mp = *q->mp;
+        ep = q->rt ? GV_EP_ROUTE : GV_EP_MHC_PRE;
+        L.ep_ent = j;
+      }
       gv_plan(FMT, q->W->rows, q->W->cols, 128, &e->wk, &e->ns, &e->sl);
       const int vrows = (e->gu ? 2 : 1) * q->W->rows;
       e->nrb = (int)gk_blocks(vrows, (WARPS / e->wk) * RW);
@@ -672,9 +722,11 @@ static int gv_run(const gv_req *r, int nr, int n) {
     }
     if (blocks <= 0) continue;
     if (blocks > 0x7fffffffL) return gk_fail("gemv: %ld blocks", blocks);
+    const int rt = ep != GV_EP_NONE; /* one counter more, after the tiles' */
     float *part = pf ? gk_scratch_part(pf) : NULL;
-    unsigned *cnt = pc ? gk_scratch_counters(pc) : NULL;
-    if ((pf && !part) || (pc && !cnt)) return -1;
+    unsigned *cnt = pc + rt ? gk_scratch_counters(pc + rt) : NULL;
+    if ((pf && !part) || (pc + rt && !cnt)) return -1;
+    L.done = rt ? cnt + pc : NULL;
     for (int j = 0; j < L.n; j++)
       if (L.e[j].ns > 1) {
         L.e[j].part = part + (uintptr_t)L.e[j].part;
@@ -682,6 +734,18 @@ static int gv_run(const gv_req *r, int nr, int n) {
       }
     int xv = 1; /* float4 x loads when every product's x rows allow them */
     for (int j = 0; j < L.n; j++) xv &= x_vec(L.e[j].x, L.e[j].ldx);
+    if (rt) { /* (gk_matmul_route / gk_mhc_proj_pre checked the x rows, the schedule and the pre's shape) */
+      if (PLAIN || !xv || (ep == GV_EP_MHC_PRE && (FMT != GF_F32 || NTK != 1 || n != 1)))
+        return gk_fail("gemv: an epilogue launch needs float4 x rows, the pipelined schedule (and for the pre fp32, one token)");
+      if constexpr (!PLAIN) {
+        if (ep == GV_EP_ROUTE)
+          gk_launch(gv_k<FMT, NTK, 1, PF, GV_EP_ROUTE>, dim3((unsigned)blocks), 256, ROUTE_WARPS * sizeof(route_smem), L, n,
+                    ntg);
+        else if constexpr (FMT == GF_F32 && NTK == 1)
+          gk_launch(gv_k<FMT, NTK, 1, PF, GV_EP_MHC_PRE>, dim3((unsigned)blocks), 256, 0, L, n, ntg);
+      }
+      continue;
+    }
     if constexpr (FMT >= GF_Q8 && NTK <= 2) {
       size_t sm = 0;
       for (int j = 0; j < L.n && xv && xs_on(FMT); j++) {

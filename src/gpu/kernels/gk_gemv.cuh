@@ -8,6 +8,26 @@
 
 /* one product of a v3 launch: y[n][ldy] = x W^T, or with W2 (fused
  * gate+up, same shape and format as W) y = swiglu(x W^T, x W2^T) */
+/* Work that the last block of a product's launch does once every tile of
+ * that product is stored (the product's output y read through L2), in
+ * instantiations of their own: the routing of a router's logits (y, ldy
+ * == E; gk_matmul_route, gk_route.cuh route_token), or the mHC pre of
+ * one token from its projection (y = mixraw; gk_mhc_proj_pre,
+ * gk_mhc_pre.cuh mhc_pre_tok) */
+typedef struct {
+  const float *bias;
+  int *idx, *grp; /* grp: the one-token grouping, or NULL */
+  float *wt;
+  int E, k, G, topk_group, norm, gmax;
+  float scaling;
+} gv_route;
+typedef struct {
+  const float *X, *base, *scale, *norm_w;
+  float *post, *comb, *y;
+  uint16_t *y16;
+  int D, iters;
+  float hc_eps, rms_eps;
+} gv_mpre;
 typedef struct {
   const gpu_mat *W, *W2;
   const float *x;
@@ -15,6 +35,8 @@ typedef struct {
   float *y;
   int ldy;
   float limit;
+  const gv_route *rt; /* NULL, or this product's logits are routed */
+  const gv_mpre *mp;  /* NULL, or this product is the mHC projection of one token, whose pre follows */
 } gv_req;
 
 /* products of n tokens each (any formats, at most 16; one launch per

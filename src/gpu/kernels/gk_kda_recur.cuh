@@ -279,17 +279,49 @@ __device__ __forceinline__ void krx_reduce2(const float *x, const float *y, int 
     krx_reduce2<CH, LP, B + 1>(hx, hy, lane, rx, ry);
   }
 }
+/* The gated RMSNorm of one (token, head) output row by one warp
+ * (gk_layers.cu kda_out_k): w * o / rms(o) * sigmoid(z), o in place or in
+ * bf16 into ob; o read through L2 (in the recurrence's fused form the
+ * head's other block wrote part of it) */
+__device__ __forceinline__ void kda_out_row(float *o, const float *z, const float *w, size_t base, int hd, float eps,
+                                            uint16_t *ob, int lane) {
+  float ss = 0;
+  for (int i = lane; i < hd; i += 32) {
+    const float x = gk_ldcg(o + base + i);
+    ss += x * x;
+  }
+  ss = warp_sum(ss);
+  const float r = 1.0f / sqrtf(ss / hd + eps);
+  for (int i = lane; i < hd; i += 32) {
+    const float v = (w[i] * (gk_ldcg(o + base + i) * r)) * sigm(z[base + i]);
+    if (ob) ob[base + i] = (uint16_t)bf16_bits(v);
+    else o[base + i] = v;
+  }
+}
+/* the gated norm done by the recurrence (kda_recur8_k's OUT form): the
+ * norm's inputs, and a counter per (segment, head), zero between launches */
+typedef struct {
+  const float *z, *w;
+  uint16_t *ob;
+  unsigned *cnt;
+  float eps;
+} kr_out;
+
 /* threads per block of 64 columns: 16 / C warps with 8 lanes per column,
  * 32 / C with 16, 64 / C with 32 */
 template <int C, int LP = 8> __host__ __device__ constexpr int kr8_threads() { return 32 * (LP / 8) * (16 / C); }
 
 /* grid (H, ceil(hd / KR8_COLS), nseg), kr8_threads<C, LP>() threads; the
  * shared tiles as kr_tile_floats(hd, TT, KR8_COLS), twice when ASYNC. LP:
- * lanes per column, 8, 16 or 32 (above) */
-template <int MODE, int MM, bool ASYNC, int C, int LP = 8>
+ * lanes per column, 8, 16 or 32 (above). OUT: the head's last block to
+ * finish (ko.cnt) applies the gated norm to the segment's output rows of
+ * the head (kda_out_row, gk_kda_out's arithmetic: the same bits), one
+ * launch fewer per KDA layer. */
+template <int MODE, int MM, bool ASYNC, int C, int LP = 8, bool OUT = false>
 __global__ void __launch_bounds__((kr8_threads<C, LP>())) kda_recur8_k(gk_batch b, const float *qkv, const float *g,
                                                                      const float *dt_bias, const float *A_log, float lb,
-                                                                     const float *bl, int H, int TT, float *o) {
+                                                                     const float *bl, int H, int TT, float *o,
+                                                                     const kr_out ko) {
   GK_PDL_BEGIN();
   /* C >= LP / 8: every stage above bit 2 halves the lane's columns (else
    * the lanes sharing a column are not the ones olane assumes) */
@@ -396,6 +428,19 @@ __global__ void __launch_bounds__((kr8_threads<C, LP>())) kda_recur8_k(gk_batch 
     for (int q = 0; q < MR / 4; q++)
       *(float4 *)(Sj + 32 * (q + u * (MR / 4)) + 4 * s) =
           make_float4(st[c][4 * q], st[c][4 * q + 1], st[c][4 * q + 2], st[c][4 * q + 3]);
+  }
+  if constexpr (OUT) { /* the head's blocks count themselves done (fence, then the counter); the last one normalises */
+    __shared__ int olast;
+    unsigned *cnt = ko.cnt + (size_t)blockIdx.z * H + h;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) olast = atomicAdd(cnt, 1u) == gridDim.y - 1;
+    __syncthreads();
+    if (!olast) return;
+    __threadfence();
+    for (int t = t0 + w; t < T; t += (int)(blockDim.x >> 5))
+      kda_out_row(o, ko.z, ko.w, (size_t)t * inner + (size_t)h * HD, HD, ko.eps, ko.ob, lane);
+    if (threadIdx.x == 0) *cnt = 0;
   }
 }
 #endif

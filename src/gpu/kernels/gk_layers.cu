@@ -10,14 +10,14 @@
 #include "gk_dsa.cuh"      /* store_at_k, pool_keys_k, idx_scores_k */
 #include "gk_kda_recur.cuh" /* kr_load, kda_recur8_k */
 #include "gk_mhc_post.cuh"  /* mhc_post_add, mhc_post_mix */
+#include "gk_route.cuh"     /* route_token */
+#include "gk_mhc_pre.cuh"   /* mhc_pre_tok, mhc_ssq, mhc_sinkhorn_warp */
 #if !GK_HIP
 #include "gk_mhc_tc.cuh" /* mhc_proj_tc_k, mhc_proj_sum_k */
 #endif
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_HC 16
-#define E_MAX 512    /* routed experts bound of gk_moe_route */
 
 static int batch_ok(const gk_batch *b, const char *what) {
   if (b->nseg < 1 || b->nseg > 65535 || b->maxlen < 1) return gk_fail("%s: bad batch (%d segments, longest %d)", what, b->nseg, b->maxlen);
@@ -39,49 +39,37 @@ extern "C" int gk_embed(const gpu_mat *E, const int32_t *tok, int T, int hc, flo
   return GK_LAUNCHED("embed");
 }
 
-/* ---- norms (ops.h rmsnorm / layernorm) ---- */
-__device__ __forceinline__ void rmsnorm_row(float *yr, const float *xr, const float *w, int n, float eps) {
-  __shared__ float sh[32];
-  float ss = 0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
-  ss = block_sum(ss, sh);
-  float r = 1.0f / sqrtf(ss / n + eps);
-  for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = (w ? w[i] : 1.0f) * (xr[i] * r);
-}
+/* ---- norms (ops.h rmsnorm / layernorm; rows: gk_device.cuh) ---- */
 __global__ void rmsnorm_k(float *y, int ldy, const float *x, int ldx, const float *w, int n, float eps) {
   GK_PDL_BEGIN();
-  rmsnorm_row(y + (size_t)blockIdx.x * ldy, x + (size_t)blockIdx.x * ldx, w, n, eps);
+  __shared__ float sh[32];
+  rmsnorm_row(y + (size_t)blockIdx.x * ldy, x + (size_t)blockIdx.x * ldx, w, n, eps, sh);
 }
 extern "C" int gk_rmsnorm(float *y, int ldy, const float *x, int ldx, const float *w, int T, int n, float eps) {
   if (T <= 0) return 0;
   gk_launch(rmsnorm_k, T, 256, 0, y, ldy, x, ldx, w, n, eps);
   return GK_LAUNCHED("rmsnorm");
 }
-/* two row sets in one launch (blocks [0, T) the first, [T, 2T) the second) */
-__global__ void rmsnorm2_k(gk_norm_rows a, gk_norm_rows b, int T, float eps) {
-  GK_PDL_BEGIN();
-  const gk_norm_rows &p = (int)blockIdx.x < T ? a : b;
-  const int t = (int)blockIdx.x < T ? (int)blockIdx.x : (int)blockIdx.x - T;
-  rmsnorm_row(p.y + (size_t)t * p.ldy, p.x + (size_t)t * p.ldx, p.w, p.n, eps);
-}
 extern "C" int gk_rmsnorm2(gk_norm_rows a, gk_norm_rows b, int T, float eps) {
   if (T <= 0) return 0;
-  gk_launch(rmsnorm2_k, 2 * T, 256, 0, a, b, T, eps);
+  gk_launch(rmsnorm2_k, 2 * T, 256, 0, a, b, T, eps, gk_batch{}, -1, 0);
   return GK_LAUNCHED("rmsnorm");
+}
+static int idx_fuse_on(void);
+extern "C" int gk_rmsnorm2_at(gk_norm_rows a, gk_norm_rows b, int T, float eps, const gk_batch *bt, int which, int stride) {
+  if (T <= 0) return 0;
+  if (batch_ok(bt, "rmsnorm2_at")) return -1;
+  if (!idx_fuse_on()) { /* (the A/B: the two launches it replaces) */
+    if (b.ldy != b.n) return gk_fail("rmsnorm2_at: rows of %d with stride %d", b.n, b.ldy);
+    return gk_rmsnorm2(a, b, T, eps) || gk_store_at(bt, which, stride, b.y, T, b.n) ? -1 : 0;
+  }
+  gk_launch(rmsnorm2_k, 2 * T, 256, 0, a, b, T, eps, *bt, which, stride);
+  return GK_LAUNCHED("rmsnorm + store");
 }
 __global__ void layernorm_k(float *y, int ldy, const float *x, int ldx, const float *w, const float *b, int n, float eps) {
   GK_PDL_BEGIN();
   __shared__ float sh[32];
-  const float *xr = x + (size_t)blockIdx.x * ldx;
-  float *yr = y + (size_t)blockIdx.x * ldy;
-  float s = 0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) s += xr[i];
-  float mu = block_sum(s, sh) / n;
-  float v = 0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) v += (xr[i] - mu) * (xr[i] - mu);
-  float var = block_sum(v, sh) / n;
-  float r = 1.0f / sqrtf(var + eps);
-  for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = ((xr[i] - mu) * r) * w[i] + b[i];
+  layernorm_row(y + (size_t)blockIdx.x * ldy, x + (size_t)blockIdx.x * ldx, w, b, n, eps, sh);
 }
 extern "C" int gk_layernorm(float *y, int ldy, const float *x, int ldx, const float *w, const float *b, int T, int n, float eps) {
   if (T <= 0) return 0;
@@ -114,228 +102,14 @@ extern "C" int gk_swiglu(float *g, const float *u, size_t n, float limit) {
   return GK_LAUNCHED("swiglu");
 }
 
-/* ---- mHC (mhc.c) ---- */
-__device__ void sinkhorn_dev(float *L, int n, int iters, float eps) {
-  for (int g = 0; g < n; g++) {
-    float *row = L + g * n, mx = row[0];
-    for (int h = 1; h < n; h++) mx = fmaxf(mx, row[h]);
-    float s = 0;
-    for (int h = 0; h < n; h++) s += (row[h] = expf(row[h] - mx));
-    for (int h = 0; h < n; h++) row[h] = row[h] / s + eps;
-  }
-  for (int it = 0; it < iters; it++) {
-    if (it > 0)
-      for (int g = 0; g < n; g++) {
-        float s = 0;
-        for (int h = 0; h < n; h++) s += L[g * n + h];
-        for (int h = 0; h < n; h++) L[g * n + h] /= s + eps;
-      }
-    for (int h = 0; h < n; h++) {
-      float s = 0;
-      for (int g = 0; g < n; g++) s += L[g * n + h];
-      for (int g = 0; g < n; g++) L[g * n + h] /= s + eps;
-    }
-  }
-}
-
-/* One block per token. Every load of X is issued with several others in
- * flight (float4, unrolled: a single block per token at decode is latency
- * bound; H200, D = 4096: 27 -> 19 us per site, gk_kprof with launch gaps),
- * the collapsed row y stays in registers between its sum of squares and
- * its normalisation, and warp 0 runs the Sinkhorn (a latency chain of ~20 x
- * 2 normalisations) while warps 1.. collapse and normalise. VEC: D % 4 == 0
- * and 16-byte rows (else the same steps with scalar loads). HC: the stream
- * count compiled in (H100, decode, alone under ncu: 24.5 -> 14.6 us; the
- * inputs loaded up front: 14.2; the Sinkhorn is then the longest path). */
-#define MHC_YK 8 /* float4 of y held in registers per thread */
-/* the pre-weighted sum of the hc streams at float4 column c; its squares
- * are added to s2 in element order */
-__device__ __forceinline__ float4 mhc_collapse4(const float4 *X4, const float *pre, int hc, int D4, int c, float &s2) {
-  float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int s = 0; s < hc; s++) {
-    const float4 x = X4[(size_t)s * D4 + c];
-    const float p = pre[s];
-    a.x += p * x.x;
-    a.y += p * x.y;
-    a.z += p * x.z;
-    a.w += p * x.w;
-  }
-  s2 += a.x * a.x;
-  s2 += a.y * a.y;
-  s2 += a.z * a.z;
-  s2 += a.w * a.w;
-  return a;
-}
-/* warp 0 of token t's block: the Sinkhorn of its mixing logits (r: the
- * rms factor of its streams) into combt; HC: sv, sb, ss2 are lane's logit
- * input, base and scale[2], loaded up front by the caller. (Every lane
- * holding the whole 4 x 4 matrix in registers, the serial loop's 16
- * divisions per normalisation in each lane instead of one, measured 1.6
- * ms per token slower on an H100: the divisions, not the shuffles, are
- * the chain; twenty-first session.) */
-template <int HC>
-__device__ __forceinline__ void mhc_sinkhorn_warp(const float *mu, const float *base, const float *scale, float r, int hc,
-                                                  int iters, float hc_eps, float *combt, float sv, float sb, float ss2) {
-  const int lane = threadIdx.x & 31;
-  if (hc * hc <= 32) { /* lane (g, h) holds L[g][h]; the serial path's operations in its order */
-    const int nn = hc * hc, g = lane / hc, h = lane % hc;
-    float v = lane >= nn ? 0.f : HC ? ss2 * (sv * r) + sb : scale[2] * (mu[2 * hc + lane] * r) + base[2 * hc + lane];
-    float mx = __shfl_sync(0xffffffffu, v, g * hc);
-    for (int j = 1; j < hc; j++) mx = fmaxf(mx, __shfl_sync(0xffffffffu, v, g * hc + j));
-    const float e = expf(v - mx);
-    float s = 0;
-    for (int j = 0; j < hc; j++) s += __shfl_sync(0xffffffffu, e, g * hc + j);
-    v = e / s + hc_eps;
-    for (int it = 0; it < iters; it++) {
-      if (it > 0) {
-        s = 0;
-        for (int j = 0; j < hc; j++) s += __shfl_sync(0xffffffffu, v, g * hc + j);
-        v /= s + hc_eps;
-      }
-      s = 0;
-      for (int j = 0; j < hc; j++) s += __shfl_sync(0xffffffffu, v, j * hc + h);
-      v /= s + hc_eps;
-    }
-    if (lane < nn) combt[lane] = v;
-  } else if (lane == 0) { /* one thread: hc above 5 */
-    float L[MAX_HC * MAX_HC];
-    for (int k = 0; k < hc * hc; k++) L[k] = scale[2] * (mu[2 * hc + k] * r) + base[2 * hc + k];
-    sinkhorn_dev(L, hc, iters, hc_eps);
-    for (int k = 0; k < hc * hc; k++) combt[k] = L[k];
-  }
-}
-/* token t's sum of squares over its n stream values (every thread of the
- * block calls it; the same loop and sums for mhc_pre_k and mhc_comb_k,
- * so the same bits); ssq: gk_mhc_proj's, no pass over X; CACHE: the
- * streams also copied to xs, visible after block_sum's barriers */
-template <bool VEC, bool CACHE>
-__device__ __forceinline__ float mhc_ssq(const float *Xt, int n, const float *ssq, int t, float *sh, float4 *xs) {
-  float ss = 0;
-  if (ssq) {
-  } else if (VEC) {
-#pragma unroll 16 /* one round trip at decode (16 float4 per thread at the model's 4 x 4096) */
-    for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
-      const float4 v = ((const float4 *)Xt)[i];
-      if (CACHE) xs[i] = v;
-      ss += v.x * v.x;
-      ss += v.y * v.y;
-      ss += v.z * v.z;
-      ss += v.w * v.w;
-    }
-  } else {
-#pragma unroll 8
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += Xt[i] * Xt[i];
-  }
-  return ssq ? ssq[t] : block_sum(ss, sh);
-}
+/* ---- mHC (mhc.c; the pre's token work in gk_mhc_pre.cuh) ---- */
 template <bool VEC, bool CACHE, int HC>
 __global__ void mhc_pre_k(const float *X, const float *mixraw, const float *ssq, const float *base, const float *scale,
                           const float *norm_w, int hc_, int D, int iters, float hc_eps, float rms_eps, float *post, float *comb,
                           float *y, uint16_t *y16) {
   GK_PDL_BEGIN();
-  const int hc = HC ? HC : hc_; /* HC: the stream count compiled in (the same operations, unrolled) */
-  __shared__ float sh[32], sh2[32]; /* block_sum's partials; the y sums' (apart: no barrier between their uses) */
-  __shared__ float pre[MAX_HC];
-  extern __shared__ float4 mhc_xs[]; /* CACHE: the token's streams, read once from memory */
-  const int t = blockIdx.x, n = hc * D, mix = (2 + hc) * hc, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  const float *Xt = X + (size_t)t * n;
-  const float4 *X4 = CACHE ? mhc_xs : (const float4 *)Xt;
-  const float *mu = mixraw + (size_t)t * mix;
-  const int D4 = D / 4;
-  /* HC: the mixing inputs loaded up front, beside X (each was a global round
-   * trip on the path after the sum of squares), and every thread computes
-   * the pre weights itself (no barrier); the same expressions */
-  constexpr int H1 = HC ? HC : 1;
-  float hm[H1], hb[H1], hs0 = 0.f, pm = 0.f, pb = 0.f, ps1 = 0.f, sv = 0.f, sb = 0.f, ss2 = 0.f;
-  if (HC) {
-#pragma unroll
-    for (int i = 0; i < H1; i++) hm[i] = mu[i], hb[i] = base[i];
-    hs0 = scale[0];
-    if ((int)threadIdx.x < HC) pm = mu[HC + threadIdx.x], pb = base[HC + threadIdx.x], ps1 = scale[1];
-    if (comb && w == 0 && lane < HC * HC) sv = mu[2 * HC + lane], sb = base[2 * HC + lane];
-    if (comb && w == 0) ss2 = scale[2];
-  }
-  const float ss = mhc_ssq<VEC, CACHE>(Xt, n, ssq, t, sh, mhc_xs);
-  const float r = 1.0f / sqrtf(ss / n + rms_eps);
-  float prer[H1];
-  if (HC) {
-#pragma unroll
-    for (int i = 0; i < H1; i++) prer[i] = sigm(hs0 * (hm[i] * r) + hb[i]) + hc_eps;
-    if ((int)threadIdx.x < HC) post[t * HC + threadIdx.x] = 2.0f * sigm(ps1 * (pm * r) + pb);
-  } else {
-    if (threadIdx.x < hc) {
-      pre[threadIdx.x] = sigm(scale[0] * (mu[threadIdx.x] * r) + base[threadIdx.x]) + hc_eps;
-      post[t * hc + threadIdx.x] = 2.0f * sigm(scale[1] * (mu[hc + threadIdx.x] * r) + base[hc + threadIdx.x]);
-    }
-    __syncthreads();
-  }
-  const float *pw = HC ? prer : pre;
-  const int nth = blockDim.x - 32, tid = threadIdx.x - 32;
-  float *yt = y + (size_t)t * D;
-  float4 yr[MHC_YK];
-  if (w == 0) {
-    if (comb) mhc_sinkhorn_warp<HC>(mu, base, scale, r, hc, iters, hc_eps, comb + (size_t)t * hc * hc, sv, sb, ss2);
-  } else if (VEC) {
-    float s2 = 0;
-#pragma unroll
-    for (int k = 0; k < MHC_YK; k++) {
-      const int c = tid + k * nth;
-      if (c < D4) {
-        yr[k] = mhc_collapse4(X4, pw, hc, D4, c, s2);
-      }
-    }
-    for (int c = tid + MHC_YK * nth; c < D4; c += nth) { /* past the registers: y holds the sums */
-      ((float4 *)yt)[c] = mhc_collapse4(X4, pw, hc, D4, c, s2);
-    }
-    s2 = warp_sum(s2);
-    if (lane == 0) sh2[w] = s2;
-  } else {
-    float s2 = 0;
-    for (int d = tid; d < D; d += nth) {
-      float a = 0;
-      for (int s = 0; s < hc; s++) a += pw[s] * Xt[(size_t)s * D + d];
-      yt[d] = a;
-      s2 += a * a;
-    }
-    s2 = warp_sum(s2);
-    if (lane == 0) sh2[w] = s2;
-  }
-  /* the y warps meet (named barrier 1 without warp 0; HIP: all threads) */
-#if GK_HIP
-  __syncthreads();
-#else
-  if (w) asm volatile("bar.sync 1, %0;" ::"r"((int)blockDim.x - 32) : "memory");
-#endif
-  if (w) {
-    float s2 = 0;
-    for (int i = 1; i < (int)(blockDim.x >> 5); i++) s2 += sh2[i];
-    const float r2 = 1.0f / sqrtf(s2 / D + rms_eps);
-    if (VEC) {
-      const float4 *nw4 = (const float4 *)norm_w;
-      uint2 *y16t = y16 ? (uint2 *)(y16 + (size_t)t * D) : NULL; /* the bf16 copy (x_bf16's rounding), 8-byte aligned */
-      auto put = [&](int c, float4 v) {
-        ((float4 *)yt)[c] = v;
-        if (y16t) y16t[c] = make_uint2(bf16_bits(v.x) | bf16_bits(v.y) << 16, bf16_bits(v.z) | bf16_bits(v.w) << 16);
-      };
-#pragma unroll
-      for (int k = 0; k < MHC_YK; k++) {
-        const int c = tid + k * nth;
-        if (c < D4) {
-          const float4 g = nw4[c], a = yr[k];
-          put(c, make_float4(g.x * (a.x * r2), g.y * (a.y * r2), g.z * (a.z * r2), g.w * (a.w * r2)));
-        }
-      }
-      for (int c = tid + MHC_YK * nth; c < D4; c += nth) {
-        const float4 g = nw4[c], a = ((const float4 *)yt)[c];
-        put(c, make_float4(g.x * (a.x * r2), g.y * (a.y * r2), g.z * (a.z * r2), g.w * (a.w * r2)));
-      }
-    } else {
-      for (int d = tid; d < D; d += nth) {
-        yt[d] = norm_w[d] * (yt[d] * r2);
-        if (y16) y16[(size_t)t * D + d] = (uint16_t)bf16_bits(yt[d]);
-      }
-    }
-  }
+  mhc_pre_tok<VEC, CACHE, HC>(X, mixraw, ssq, base, scale, norm_w, hc_, D, iters, hc_eps, rms_eps, post, comb, y, y16,
+                              blockIdx.x);
 }
 /* The comb matrix alone (gk_mhc_comb): the sum of squares and the Sinkhorn
  * exactly as mhc_pre_k computes them (same block size, loop and sums, so
@@ -1298,7 +1072,7 @@ static void kr8_launch(const gk_batch *b, const float *qkv, const float *g, cons
   const int tt = kr_tile_tokens(8 * MM, KR8_COLS, b->maxlen, ASYNC, big ? one : 48 * 1024, &sm);
   if (big) sm = one;
   gk_launch(kda_recur8_k<MODE, MM, ASYNC, C, LP>, grid, kr8_threads<C, LP>(), sm, *b, qkv, g, dt_bias, A_log, lb, bl, H, tt,
-            o);
+            o, kr_out{});
 }
 template <int MODE, int MM>
 static void kr8_run(int layout, const gk_batch *b, const float *qkv, const float *g, const float *dt_bias,
@@ -1386,6 +1160,44 @@ extern "C" int gk_kda_recur_gated(const gk_batch *b, const float *qkv, float *gr
   return kr_run<KR_RAW>(b, qkv, graw, dt_bias, A_log, lower_bound, beta_logit, T, H, hd, o);
 }
 
+/* decode: the recurrence with the gated norm in its last block per head
+ * (kda_recur8_k's OUT form; layout g4, head dims 32 / 64 / 128) */
+unsigned *gk_scratch_counters(size_t n); /* (gk_gemm.cu: zero between uses) */
+template <int MM>
+static void kr8_out_launch(const gk_batch *b, const float *qkv, const float *g, const float *dt_bias, const float *A_log,
+                           float lb, const float *bl, int H, float *o, const kr_out &ko) {
+  dim3 grid(H, gk_blocks(8 * MM, KR8_COLS), b->nseg);
+  size_t sm;
+  const int tt = kr_tile_tokens(8 * MM, KR8_COLS, b->maxlen, false, 48 * 1024, &sm);
+  gk_launch(kda_recur8_k<KR_RAW, MM, false, 4, 8, true>, grid, kr8_threads<4, 8>(), sm, *b, qkv, g, dt_bias, A_log, lb, bl,
+            H, tt, o, ko);
+}
+static int g_kda_out_fuse = -1;
+extern "C" void gk_set_kda_out_fuse(int on) { g_kda_out_fuse = on < 0 ? -1 : !!on; }
+extern "C" int gk_kda_recur_out(const gk_batch *b, const float *qkv, float *graw, const float *dt_bias, const float *A_log,
+                                float lower_bound, float *beta_logit, int T, int H, int hd, float *o, const float *z,
+                                const float *w, float eps, void *ob) {
+  /* opt-in until measured on a device (twenty-second session) */
+  if (g_kda_out_fuse < 0) g_kda_out_fuse = getenv("GLM53_GPU_KDA_OUT_FUSE") && !strcmp(getenv("GLM53_GPU_KDA_OUT_FUSE"), "1");
+  if (!g_kda_out_fuse || T <= 0 || T >= KR_DECAY_MIN || !(hd == 32 || hd == 64 || hd == 128) || kr_layout(hd) != GK_KR_G4)
+    return 1;
+  if (batch_ok(b, "kda_recur_out")) return -1;
+  unsigned *cnt = gk_scratch_counters((size_t)b->nseg * H);
+  if (!cnt) return -1;
+  const kr_out ko = {z, w, (uint16_t *)ob, cnt, eps};
+  if (hd == 32) kr8_out_launch<4>(b, qkv, graw, dt_bias, A_log, lower_bound, beta_logit, H, o, ko);
+  else if (hd == 64) kr8_out_launch<8>(b, qkv, graw, dt_bias, A_log, lower_bound, beta_logit, H, o, ko);
+  else kr8_out_launch<16>(b, qkv, graw, dt_bias, A_log, lower_bound, beta_logit, H, o, ko);
+  return GK_LAUNCHED("kda_recur + out") ? -1 : 0;
+}
+
+extern "C" void gk_set_decode_fusions(int on) {
+  gk_set_route_fuse(on);
+  gk_set_mhc_pre_fuse(on);
+  gk_set_idx_fuse(on);
+  gk_set_kda_out_fuse(on);
+}
+
 /* gated RMSNorm per head: w * o / rms(o) * sigmoid(z) */
 /* ob NULL: o in place; else bf16 into ob (the rounding the output
  * projection's cuBLAS path gives its x: the same product, half the bytes
@@ -1394,16 +1206,7 @@ __global__ void kda_out_k(float *o, const float *z, const float *w, int T, int H
   GK_PDL_BEGIN();
   int wid = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
   if (wid >= T * H) return;
-  size_t base = (size_t)wid * hd; /* (t*H + h)*hd == t*inner + h*hd */
-  float ss = 0;
-  for (int i = lane; i < hd; i += 32) ss += o[base + i] * o[base + i];
-  ss = warp_sum(ss);
-  float r = 1.0f / sqrtf(ss / hd + eps);
-  for (int i = lane; i < hd; i += 32) {
-    const float v = (w[i] * (o[base + i] * r)) * sigm(z[base + i]);
-    if (ob) ob[base + i] = (uint16_t)bf16_bits(v);
-    else o[base + i] = v;
-  }
+  kda_out_row(o, z, w, (size_t)wid * hd, hd, eps, ob, lane); /* (t*H + h)*hd == t*inner + h*hd */
 }
 extern "C" int gk_kda_out(float *o, const float *z, const float *w, int T, int H, int hd, float eps, void *ob) {
   gk_launch(kda_out_k, gk_blocks((size_t)T * H * 32, 256), 256, 0, o, z, w, T, H, hd, eps, (uint16_t *)ob);
@@ -1418,6 +1221,21 @@ extern "C" int gk_pool_keys(const gk_batch *b, const float *ape, int P, int hd) 
   return GK_LAUNCHED("pool_keys");
 }
 
+static int g_idx_fuse = -1;
+extern "C" void gk_set_idx_fuse(int on) { g_idx_fuse = on < 0 ? -1 : !!on; }
+static int idx_fuse_on(void) {
+  /* opt-in until measured on a device (twenty-second session) */
+  if (g_idx_fuse < 0) g_idx_fuse = getenv("GLM53_GPU_IDX_FUSE") && !strcmp(getenv("GLM53_GPU_IDX_FUSE"), "1");
+  return g_idx_fuse;
+}
+extern "C" int gk_idx_keys(const gk_batch *b, float *kk, const float *kg, const float *knw, const float *knb, const float *ape,
+                           int T, int P, int hd, float eps) {
+  if (!idx_fuse_on() || b->maxlen != 1 || T != b->nseg || P > 64 || T <= 0) return 1;
+  if (batch_ok(b, "idx_keys")) return -1;
+  gk_launch(idx_keys_k, T, 256, 0, *b, kk, kg, knw, knb, ape, P, hd, eps);
+  return GK_LAUNCHED("indexer keys") ? -1 : 0;
+}
+
 extern "C" int gk_indexer_scores(const float *q, const float *w, const gk_batch *b, int T, int P, int nh, int hd, int K,
                                  int maxpool, float *score) {
   if (batch_ok(b, "indexer_scores")) return -1;
@@ -1429,11 +1247,6 @@ extern "C" int gk_indexer_scores(const float *q, const float *w, const gk_batch 
   return GK_LAUNCHED("indexer_scores");
 }
 
-__device__ __forceinline__ bool pool_before(float a, int ia, float b, int ib) {
-  if (isnan(a)) a = -INFINITY;
-  if (isnan(b)) b = -INFINITY;
-  return a != b ? a > b : ia < ib;
-}
 /* top-K pools in the order topk_pools produces (score desc, index asc;
  * NaN as -inf). Up to `cap` pools (a power of two, the launch's shared
  * memory) a bitonic sort of (score, index) in shared memory (log^2
@@ -1574,159 +1387,15 @@ extern "C" float *gk_pages_linear(int slot, float *const *table, int pshift, int
   return GK_LAUNCHED("pages_linear") ? NULL : d;
 }
 
-/* ---- MoE router (moe.c moe_route), one thread per token ---- */
-__device__ __forceinline__ bool r_before(float a, int ia, float b, int ib) { return pool_before(a, ia, b, ib); }
-__device__ void topk_masked_dev(const float *v, const unsigned char *allowed, int n, int k, int *out) {
-  int m = 0;
-  for (int i = 0; i < n; i++) {
-    if (allowed && !allowed[i]) continue;
-    if (m == k && !r_before(v[i], i, v[out[m - 1]], out[m - 1])) continue;
-    int j = m < k ? m++ : k - 1;
-    while (j > 0 && r_before(v[i], i, v[out[j - 1]], out[j - 1])) { out[j] = out[j - 1]; j--; }
-    out[j] = i;
-  }
-  for (; m < k; m++) out[m] = -1;
-}
-/* one warp per token: the per-expert work split over the lanes, the
- * top-k as k rounds of a warp argmax under r_before (a strict total order,
- * so the same ids in the same order as topk_masked_dev's insertion); group
- * scores and weights as the serial reference computes them */
-#define ROUTE_WARPS 4
-/* (the order is strict, so the best is unique whatever the reduction's
- * shape; each lane carries its candidate's value with its id, so the
- * butterfly's steps wait on shuffles only, not on shared-memory reads) */
-__device__ __forceinline__ int route_argmax(const float *v, const unsigned char *ok, int n) {
-  const int lane = threadIdx.x & 31;
-  int bi = -1;
-  float bv = 0.f;
-  for (int e = lane; e < n; e += 32)
-    if (ok[e]) {
-      const float x = v[e];
-      if (bi < 0 || r_before(x, e, bv, bi)) bi = e, bv = x;
-    }
-  for (int o = 16; o > 0; o >>= 1) {
-    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-    if (oi >= 0 && (bi < 0 || r_before(ov, oi, bv, bi))) bi = oi, bv = ov;
-  }
-  return bi;
-}
-/* of a token's k selected ids (distinct, -1 for none): how many are
- * experts, and expert e's place among them in ascending id */
-__device__ __forceinline__ int route_nsel(const int *id, int k) {
-  int n = 0;
-  for (int i = 0; i < k; i++) n += id[i] >= 0;
-  return n;
-}
-__device__ __forceinline__ int route_rank(const int *id, int k, int e) {
-  int rank = 0;
-  for (int i = 0; i < k; i++) rank += id[i] >= 0 && id[i] < e;
-  return rank;
-}
-/* The selected experts' gate and up weights into L2 (gk_moe_route_pf),
- * `bytes` of them in 64 KB pieces spread over the lanes: experts in
- * ascending id (the grouped launch's block order), gate and up pieces
- * alternating from row 0 (its virtual rows alternate gate/up). srt: 64
- * ints of the warp's shared memory. */
-#define XPF_PIECE 65536u
-__device__ __forceinline__ void route_prefetch(const gpu_mat *wset, const int *id, int k, long bytes, int *srt) {
-  const int lane = threadIdx.x & 31;
-  __syncwarp();
-  const int nsel = route_nsel(id, k);
-  for (int j = lane; j < k; j += 32)
-    if (id[j] >= 0) srt[route_rank(id, k, id[j])] = id[j];
-  __syncwarp();
-  if (!nsel) return;
-  const gpu_mat &g0 = wset[(size_t)srt[0] * 3];
-  const size_t m = g0.fmt == GF_F32 ? (size_t)g0.rows * g0.cols * 4 : g0.fmt == GF_BF16 ? (size_t)g0.rows * g0.cols * 2
-                   : g0.fmt == GF_Q8 ? (size_t)g0.rows * g0.cols : (size_t)g0.rows * g0.cols / 2;
-  const long pm = (long)((m + XPF_PIECE - 1) / XPF_PIECE), np = bytes / XPF_PIECE;
-  for (long q = lane; q < np; q += 32) {
-    const long r = q / (2 * pm), j = q % (2 * pm);
-    if (r >= nsel) break;
-    const size_t off = (size_t)(j >> 1) * XPF_PIECE;
-    const gpu_mat &w = wset[(size_t)srt[r] * 3 + (j & 1)];
-    gk_l2_prefetch((const char *)w.d + off, (unsigned)min((size_t)XPF_PIECE, m - off) & ~15u, true);
-  }
-}
-/* grp (one token only, gk_moe_route_group): the pairs grouped per expert
- * as gk_expert_group writes them for these k pairs: each expert has at
- * most one pair, so every group holds one pair, in ascending expert id
- * (gmax: group_max of the grouped launch) */
-__device__ __forceinline__ void route_group(const int *sid, int k, int gmax, int *grp) {
-  const int lane = threadIdx.x & 31;
-  for (int j = lane; j < k; j += 32) {
-    const int e = sid[j];
-    if (e < 0) continue;
-    const int rank = route_rank(sid, k, e);
-    grp[1 + 3 * rank] = e;
-    grp[2 + 3 * rank] = 1;
-    grp[3 + 3 * rank] = rank;
-    grp[1 + 3 * gmax + rank] = j; /* the pair list: pair j of token 0 */
-  }
-  if (lane == 0) grp[0] = route_nsel(sid, k);
-}
+/* ---- MoE router (moe.c moe_route; the per-token work in gk_route.cuh) ---- */
 __global__ void moe_route_k(const float *logits, const float *bias, int T, int E, int k, int G, int topk_group, int norm,
                             float scaling, int *idx, float *wt, const gpu_mat *wset, long pfb, int *grp, int gmax) {
   GK_PDL_BEGIN();
-  __shared__ float s_sig[ROUTE_WARPS][E_MAX], s_ch[ROUTE_WARPS][E_MAX], s_gs[ROUTE_WARPS][64];
-  __shared__ int s_srt[ROUTE_WARPS][64], s_id[ROUTE_WARPS][64];
-  __shared__ unsigned char s_ok[ROUTE_WARPS][E_MAX], s_gok[ROUTE_WARPS][64];
-  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, t = blockIdx.x * ROUTE_WARPS + w;
+  __shared__ route_smem sm[ROUTE_WARPS];
+  const int w = threadIdx.x >> 5, t = blockIdx.x * ROUTE_WARPS + w;
   if (t >= T) return; /* the whole warp: no block barrier below */
-  float *sig = s_sig[w], *choice = s_ch[w], *gs = s_gs[w];
-  int *sid = s_id[w];
-  unsigned char *ok = s_ok[w], *gok = s_gok[w];
-  const float *lg = logits + (size_t)t * E;
-  for (int e = lane; e < E; e += 32) {
-    sig[e] = sigm(lg[e]);
-    choice[e] = sig[e] + bias[e];
-  }
-  const int per = G > 0 ? E / G : E;
-  int *id = idx + (size_t)t * k;
-  __syncwarp();
-  if (G > 1) {
-    for (int g = lane; g < G; g += 32) { /* top-2 sum of each group, as the serial loop adds them */
-      int n2 = per < 2 ? per : 2, best[2];
-      topk_masked_dev(choice + g * per, NULL, per, n2, best);
-      float v = 0;
-      for (int i = 0; i < n2; i++) v += choice[g * per + best[i]];
-      gs[g] = v;
-      gok[g] = 1;
-    }
-    __syncwarp();
-    for (int i = 0; i < topk_group; i++) { /* the topk_group best groups */
-      const int g = route_argmax(gs, gok, G);
-      __syncwarp();
-      if (lane == 0 && g >= 0) gok[g] = 0; /* 0 now marks a selected group */
-      __syncwarp();
-    }
-    for (int e = lane; e < E; e += 32) ok[e] = e / per < G && !gok[e / per];
-  } else {
-    for (int e = lane; e < E; e += 32) ok[e] = 1;
-  }
-  __syncwarp();
-  for (int m = 0; m < k; m++) {
-    const int e = route_argmax(choice, ok, E);
-    __syncwarp();
-    if (lane == 0) {
-      id[m] = e;
-      sid[m] = e; /* the weights below read the shared copy: id[] in global memory would be a round trip per read */
-      if (e >= 0) ok[e] = 0;
-    }
-    __syncwarp();
-  }
-  if (wset && pfb > 0) route_prefetch(wset, sid, k, pfb / T, s_srt[w]);
-  if (grp) route_group(sid, k, gmax, grp);
-  /* every lane adds the sum in the serial order, then lane i divides
-   * weight i (the serial loop's operations, its divisions side by side) */
-  double sum = 0;
-  for (int i = 0; i < k; i++) sum += sid[i] >= 0 ? sig[sid[i]] : 0.0f;
-  for (int i = lane; i < k; i += 32) {
-    double v = sid[i] >= 0 ? sig[sid[i]] : 0.0;
-    if (norm) v /= sum + 1e-20;
-    wt[(size_t)t * k + i] = (float)(v * scaling);
-  }
+  route_token(logits + (size_t)t * E, bias, E, k, G, topk_group, norm, scaling, idx + (size_t)t * k, wt + (size_t)t * k,
+              wset, pfb / T, grp, gmax, sm[w]);
 }
 static long g_xpf = -1;
 extern "C" void gk_set_expert_l2pf(long bytes) {
@@ -1742,6 +1411,10 @@ extern "C" long gk_expert_l2pf(void) {
 }
 static int g_route_group = -1; /* GLM53_GPU_ROUTE_GROUP=0: gk_moe_route_group declines */
 extern "C" void gk_set_route_group(int on) { g_route_group = on < 0 ? -1 : !!on; }
+extern "C" int gk_route_group_on(void) {
+  if (g_route_group < 0) g_route_group = !(getenv("GLM53_GPU_ROUTE_GROUP") && !strcmp(getenv("GLM53_GPU_ROUTE_GROUP"), "0"));
+  return g_route_group;
+}
 static int route_launch(const float *logits, const float *bias, int T, int E, int k, int G, int topk_group, int norm,
                         float scaling, int *idx, float *wt, const gpu_mat *wset, int *grp) {
   if (E > E_MAX || G > 64 || k > 64) return gk_fail("moe: %d experts / %d groups / top-%d above the kernel's bounds", E, G, k);
@@ -1756,8 +1429,7 @@ extern "C" int gk_moe_route_pf(const float *logits, const float *bias, int T, in
 }
 extern "C" int gk_moe_route_group(const float *logits, const float *bias, int T, int E, int k, int G, int topk_group,
                                   int norm, float scaling, int *idx, float *wt, const gpu_mat *wset, int *grp) {
-  if (g_route_group < 0) g_route_group = !(getenv("GLM53_GPU_ROUTE_GROUP") && !strcmp(getenv("GLM53_GPU_ROUTE_GROUP"), "0"));
-  if (T != 1 || !g_route_group) return 1;
+  if (T != 1 || !gk_route_group_on()) return 1;
   return route_launch(logits, bias, T, E, k, G, topk_group, norm, scaling, idx, wt, wset, grp) ? -1 : 0;
 }
 extern "C" int gk_moe_route(const float *logits, const float *bias, int T, int E, int k, int G, int topk_group, int norm,
