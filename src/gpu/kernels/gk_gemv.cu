@@ -445,9 +445,10 @@ __device__ __forceinline__ void gv_epilogue(const gv_list &L, const float *y, in
 
 /* EP: the launch's epilogue (GV_EP_*; its own instantiations: the
  * route's and the pre's code take ~80 registers, which the other launches
- * must not carry) */
+ * must not carry; the pre's launch, the small mHC projection, gets the
+ * registers of two blocks per SM: at three its epilogue spilled) */
 template <int FMT, int NTK, int XM, bool PF, int EP = GV_EP_NONE>
-__global__ void __launch_bounds__(256, FMT <= GF_BF16 && NTK == 1 ? 3 : 2)
+__global__ void __launch_bounds__(256, FMT <= GF_BF16 && NTK == 1 && EP != GV_EP_MHC_PRE ? 3 : 2)
     gv_k(const gv_list L, int n, int ntg) {
   constexpr int RW = gv_cfg<FMT, NTK, PF>::RW, E = gv_fmt<FMT>::E;
   __shared__ float red[WARPS * RW * NTK];
