@@ -50,10 +50,11 @@ void moe_route(const glm53_config *c, const float *logits, const float *bias, in
     free(gsel);
   }
   topk_masked(choice, allowed, E, k, idx);
+  /* (top-k above the allowed experts leaves ids -1: weight 0, as on the GPU) */
   double sum = 0;
-  for (int i = 0; i < k; i++) sum += sig[idx[i]];
+  for (int i = 0; i < k; i++) sum += idx[i] >= 0 ? sig[idx[i]] : 0.0f;
   for (int i = 0; i < k; i++) {
-    double w = sig[idx[i]];
+    double w = idx[i] >= 0 ? sig[idx[i]] : 0.0;
     if (c->norm_topk_prob) w /= sum + 1e-20;
     wt[i] = (float)(w * c->routed_scaling_factor);
   }

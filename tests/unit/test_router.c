@@ -88,5 +88,20 @@ int main(void) {
   logits[40] = 6.0f; /* strongest single expert, in the weaker group */
   moe_route(&c, logits, bias, idx, wt);
   for (int i = 0; i < 6; i++) CHECK(idx[i] < 32, "group-limited routing chose %d from the losing group", idx[i]);
+  /* top-k above the experts allowed (5 experts, top-8): the ids past
+   * them are -1 with weight 0, and the real ones share the weight (read
+   * out of bounds before the twenty-second session; the GPU route always
+   * did this) */
+  glm53_config c5 = {0};
+  c5.n_routed_experts = 5; c5.num_experts_per_tok = 8; c5.n_group = 1; c5.topk_group = 1; c5.norm_topk_prob = 1;
+  c5.routed_scaling_factor = 2.5f;
+  for (int e = 0; e < 5; e++) logits[e] = (float)e - 2, bias[e] = 0;
+  moe_route(&c5, logits, bias, idx, wt);
+  double s5 = 0;
+  for (int i = 0; i < 8; i++) {
+    CHECK(i < 5 ? idx[i] == 4 - i : idx[i] == -1 && wt[i] == 0.0f, "top-8 of 5: slot %d id %d weight %g", i, idx[i], wt[i]);
+    s5 += wt[i];
+  }
+  CHECK_NEAR(s5, 2.5, 1e-6, "top-8 of 5: the weights sum to the scaling");
   TEST_DONE();
 }

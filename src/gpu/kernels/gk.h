@@ -40,6 +40,7 @@ int gk_d2h(void *h, const void *d, size_t n);
 int gk_d2d(void *d, const void *s, size_t n);
 int gk_memset(void *d, int v, size_t n);
 int gk_sync(void);                  /* waits and reports any launch/async error */
+unsigned long gk_launch_count(void); /* kernels launched through gk_launch so far (cuBLAS calls not counted) */
 int gk_check(const char *what);     /* reports the last launch error */
 /* bench: per-operation GPU time (gk_kprof.cu). gk_kprof_begin() records an
  * event at every gk_check from then on (decode graphs must be off);

@@ -106,6 +106,7 @@ __device__ __forceinline__ void gk_l2_prefetch(const void *p, unsigned n, bool l
 #endif
 }
 void gk_launch_failed(cudaError_t e); /* kept for the next gk_check */
+extern unsigned long g_gk_launches;   /* kernels launched so far (gk_launch_count) */
 #if !GK_HIP
 /* the stream launches go to: the per-thread default stream, or the side
  * stream between gk_side_fork and gk_side_join (gk_gemm.cu) */
@@ -124,11 +125,13 @@ static inline void gk_launch(void (*k)(KArgs...), dim3 grid, dim3 block, size_t 
   cfg.numAttrs = gk_pdl_on() ? 1 : 0;
   cudaError_t e = cudaLaunchKernelEx(&cfg, k, args...);
   if (e != cudaSuccess) gk_launch_failed(e);
+  g_gk_launches++;
 }
 #else
 template <typename... KArgs, typename... Args>
 static inline void gk_launch(void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, Args... args) {
   k<<<grid, block, smem>>>(args...);
+  g_gk_launches++;
 }
 #endif
 

@@ -77,6 +77,8 @@ extern "C" int gk_d2d(void *d, const void *s, size_t n) { GK_TRY(cudaMemcpy(d, s
 extern "C" int gk_memset(void *d, int v, size_t n) { GK_TRY(cudaMemset(d, v, n)); return 0; }
 extern "C" int gk_sync(void) { GK_TRY(cudaDeviceSynchronize()); GK_TRY(cudaGetLastError()); return 0; }
 static cudaError_t g_launch_err = cudaSuccess; /* first failed gk_launch since the last check */
+unsigned long g_gk_launches;
+extern "C" unsigned long gk_launch_count(void) { return g_gk_launches; }
 void gk_launch_failed(cudaError_t e) {
   if (g_launch_err == cudaSuccess) g_launch_err = e;
 }
