@@ -1101,7 +1101,7 @@ static int moe_body(const glm53_config *c, gmodel *g, int l, acts *A, int T) {
                            .norm = c->norm_topk_prob, .scaling = c->routed_scaling_factor, .idx = A->idx,
                            .grp = T == 1 ? A->grp : NULL, .wt = A->wt};
   int routed = 1; /* gk_matmul_route's answer: 1 not routed */
-  if (T >= gk_gemm_min()) { /* the shared expert (on the side stream when forked), then the router */
+  if (!dec) { /* the shared expert (on the side stream when forked), then the router */
     TRY(gk_mlp(&G->shared.gate, &G->shared.up, &G->shared.down, A->y, T, D, A->sg, A->su, lim, A->a, D));
     TRY(gk_side_back()); /* (no-op unless forked) */
     TRY(gk_matmul(&G->router, A->y, T, D, A->logits, E));
@@ -1197,8 +1197,8 @@ static int site(const glm53_config *c, const ghc *hw, const float *norm_w, acts 
       gk_xb_alias(A->y, T, D, y16);
       return 0;
     }
+    TRY(gk_matmul(&hw->fn, A->X, T, hc * D, A->mixraw, mix));
   }
-  if (rc) TRY(gk_matmul(&hw->fn, A->X, T, hc * D, A->mixraw, mix));
   const float *ssq = rc ? NULL : A->ssq;
   /* opt-in (GLM53_GPU_BRANCH=1, measured 0.10 ms per token slower): in a
    * captured decode step comb (the Sinkhorn, the pre's longest chain) on a

@@ -898,6 +898,14 @@ static int multi_blas(const gk_prod *p, int np, const float *x, int n, int ldx) 
 }
 #endif
 
+/* the GEMV requests of np (<= 16) products sharing x unless they have their own */
+static int prod_reqs(const gk_prod *p, int np, const float *x, int ldx, gv_req *r) {
+  for (int i = 0; i < np; i++) {
+    if (p[i].W2 && p[i].ldy != p[i].W->rows) return gk_fail("matmul: fused gate/up output stride %d", p[i].ldy);
+    r[i] = (gv_req){p[i].W, p[i].W2, p[i].x ? p[i].x : x, p[i].x ? p[i].ldx : ldx, p[i].y, p[i].ldy, p[i].limit};
+  }
+  return 0;
+}
 extern "C" int gk_matmul_multi(const gk_prod *p, int np, const float *x, int n, int ldx) {
   if (n <= 0 || np <= 0) return 0;
 #if GK_HAVE_BLAS
@@ -916,10 +924,7 @@ extern "C" int gk_matmul_multi(const gk_prod *p, int np, const float *x, int n, 
     return 0;
   }
   gv_req r[16];
-  for (int i = 0; i < np; i++) {
-    if (p[i].W2 && p[i].ldy != p[i].W->rows) return gk_fail("matmul: fused gate/up output stride %d", p[i].ldy);
-    r[i] = (gv_req){p[i].W, p[i].W2, p[i].x ? p[i].x : x, p[i].x ? p[i].ldx : ldx, p[i].y, p[i].ldy, p[i].limit};
-  }
+  if (prod_reqs(p, np, x, ldx, r)) return -1;
   return gv3_products(r, np, n, gemv_ver() == 4);
 }
 
@@ -933,21 +938,15 @@ extern "C" int gk_matmul_route(const gk_prod *p, int np, const float *x, int n, 
   if (R->W2 || R->x || R->ldy != q->E || R->W->rows != q->E || q->E < 1 || q->E > GK_ROUTE_E_MAX || q->k < 1 ||
       q->k > 64 || q->G > 64 || gk_expert_l2pf() > 0)
     return 1;
-  for (int i = 0; i < np; i++) { /* (the routed launches: float4 x rows) */
-    const float *xi = p[i].x ? p[i].x : x;
-    const int li = p[i].x ? p[i].ldx : ldx;
-    if (p[i].y16 || (uintptr_t)xi % 16 || li % 4) return 1;
-  }
+  gv_req r[16];
+  if (prod_reqs(p, np, x, ldx, r)) return -1;
+  for (int i = 0; i < np; i++) /* (the routed launches: float4 x rows) */
+    if (p[i].y16 || (uintptr_t)r[i].x % 16 || r[i].ldx % 4) return 1;
   const int grouped = q->grp && n == 1 && gk_route_group_on();
   const gv_route rt = {.bias = q->bias, .idx = q->idx, .grp = grouped ? q->grp : NULL, .wt = q->wt, .E = q->E, .k = q->k,
                        .G = q->G, .topk_group = q->topk_group, .norm = q->norm,
                        .gmax = grouped ? gk_expert_group_max(q->k, q->E) : 0, .scaling = q->scaling};
-  gv_req r[16];
-  for (int i = 0; i < np; i++) {
-    if (p[i].W2 && p[i].ldy != p[i].W->rows) return gk_fail("matmul: fused gate/up output stride %d", p[i].ldy);
-    r[i] = (gv_req){p[i].W, p[i].W2, p[i].x ? p[i].x : x, p[i].x ? p[i].ldx : ldx, p[i].y, p[i].ldy, p[i].limit,
-                    i == rp ? &rt : NULL, NULL};
-  }
+  r[rp].rt = &rt;
   if (gv3_products(r, np, n, 0)) return -1;
   return grouped || !q->grp ? 0 : 2;
 }

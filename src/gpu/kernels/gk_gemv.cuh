@@ -6,8 +6,6 @@
 
 #define WARPS 8 /* warps per GEMV block (every GEMV version) */
 
-/* one product of a v3 launch: y[n][ldy] = x W^T, or with W2 (fused
- * gate+up, same shape and format as W) y = swiglu(x W^T, x W2^T) */
 /* Work that the last block of a product's launch does once every tile of
  * that product is stored (the product's output y read through L2), in
  * instantiations of their own: the routing of a router's logits (y, ldy
@@ -28,6 +26,8 @@ typedef struct {
   int D, iters;
   float hc_eps, rms_eps;
 } gv_mpre;
+/* one product of a v3 launch: y[n][ldy] = x W^T, or with W2 (fused
+ * gate+up, same shape and format as W) y = swiglu(x W^T, x W2^T) */
 typedef struct {
   const gpu_mat *W, *W2;
   const float *x;
